@@ -1,0 +1,25 @@
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: setup test demo clean
+
+$(STAMP): pyproject.toml
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	# the CPU build first, so no dependency pulls a CUDA build
+	$(BIN)/pip install --quiet torch==2.13.0
+	$(BIN)/pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+setup: $(STAMP)
+
+test: $(STAMP)
+	OMP_NUM_THREADS=2 $(BIN)/python -m pytest -q
+
+demo: $(STAMP)
+	$(BIN)/moe-spec demo
+
+clean:
+	rm -rf $(VENV)

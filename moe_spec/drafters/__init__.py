@@ -1,0 +1,6 @@
+"""Drafters: objects that propose a draft tree for the target to verify."""
+
+from moe_spec.drafters.base import Drafter, TreeBudget
+from moe_spec.drafters.lookup import LookupDrafter
+
+__all__ = ["Drafter", "TreeBudget", "LookupDrafter"]

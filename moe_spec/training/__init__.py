@@ -1,0 +1,1 @@
+"""Training the default target model (corpus, tokenizer, training loop)."""

@@ -1,0 +1,556 @@
+"""Train the embedded default MoE target: a small DeepSeek-V3 on the Python standard library.
+
+DeepSeek-V3's router (`DeepseekV3TopkRouter`) adds `e_score_correction_bias` to the sigmoid scores
+for top-k *selection* only and takes the gates from the unbiased scores; the bias is a buffer saved
+with the weights. That is aux-loss-free load balancing (Wang et al. 2024, "Auxiliary-Loss-Free Load
+Balancing Strategy for Mixture-of-Experts"), so a plain `from_pretrained` restores the balanced
+model. We keep the router's learning rate at 0.1x and refine the bias proportionally to each
+expert's load error a few times after every optimizer step (see FINDINGS.md: sign updates with
+the full router learning rate collapsed).
+
+    python -m moe_spec.training.train_target --out runs/default_target --minutes 65 --threads 1
+
+Rerunning the same command resumes from `OUT/checkpoint/`. The run ends with `OUT/model/`
+(bfloat16 weights, the bias kept in fp32, the tokenizer and `moe_spec_meta.json`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import shlex
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+
+import torch
+import transformers
+from tqdm import tqdm
+from transformers import AutoModelForCausalLM, AutoTokenizer, DeepseekV3Config, PreTrainedModel
+
+from moe_spec.training.corpus import SourceFile, load_corpus
+from moe_spec.training.tokenizer_training import encode_documents, train_tokenizer
+
+# Not saved in config.json: whoever loads the model passes it again (FINDINGS: 2.4x eager on CPU).
+EXPERTS_IMPLEMENTATION = "grouped_mm"
+META_FILE = "moe_spec_meta.json"
+
+
+@dataclass(frozen=True)
+class TargetShape:
+    hidden_size: int
+    num_layers: int
+    num_heads: int
+    n_routed_experts: int
+    top_k: int
+    moe_intermediate_size: int
+    kv_lora_rank: int
+    qk_rope_head_dim: int
+    qk_nope_head_dim: int
+    v_head_dim: int
+    vocab_size: int
+    max_position_embeddings: int
+
+    def __post_init__(self) -> None:
+        if not 0 < self.top_k <= self.n_routed_experts:
+            raise ValueError(f"top_k={self.top_k} must be in 1..{self.n_routed_experts}")
+
+
+DEFAULT_SHAPE = TargetShape(
+    hidden_size=256, num_layers=8, num_heads=4, n_routed_experts=64, top_k=4, moe_intermediate_size=96,
+    kv_lora_rank=64, qk_rope_head_dim=16, qk_nope_head_dim=32, v_head_dim=32, vocab_size=8192,
+    max_position_embeddings=2048,
+)
+# For tests only: trains in seconds.
+TINY_SHAPE = TargetShape(
+    hidden_size=32, num_layers=2, num_heads=2, n_routed_experts=8, top_k=2, moe_intermediate_size=16,
+    kv_lora_rank=16, qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=8, vocab_size=512,
+    max_position_embeddings=256,
+)
+
+
+def build_config(shape: TargetShape, special_token_id: int) -> DeepseekV3Config:
+    return DeepseekV3Config(
+        vocab_size=shape.vocab_size,
+        hidden_size=shape.hidden_size,
+        intermediate_size=4 * shape.hidden_size,  # unused: every layer is MoE (first_k_dense_replace=0)
+        moe_intermediate_size=shape.moe_intermediate_size,
+        num_hidden_layers=shape.num_layers,
+        num_attention_heads=shape.num_heads,
+        num_key_value_heads=shape.num_heads,
+        n_shared_experts=0,  # accepted: the shared MLP then has zero width and adds nothing
+        n_routed_experts=shape.n_routed_experts,
+        num_experts_per_tok=shape.top_k,
+        n_group=1,
+        topk_group=1,
+        first_k_dense_replace=0,
+        norm_topk_prob=True,
+        routed_scaling_factor=1.0,
+        q_lora_rank=None,
+        kv_lora_rank=shape.kv_lora_rank,
+        qk_rope_head_dim=shape.qk_rope_head_dim,
+        qk_nope_head_dim=shape.qk_nope_head_dim,
+        v_head_dim=shape.v_head_dim,
+        max_position_embeddings=shape.max_position_embeddings,
+        tie_word_embeddings=True,
+        num_mtp_layers=0,
+        bos_token_id=special_token_id,
+        eos_token_id=special_token_id,
+        pad_token_id=special_token_id,
+    )
+
+
+@dataclass(frozen=True)
+class TrainSettings:
+    out: str
+    minutes: float = 65.0
+    seed: int = 0
+    threads: int = 1
+    shape: TargetShape = DEFAULT_SHAPE
+    seq_len: int = 256
+    batch_size: int = 8
+    lr: float = 1.5e-3
+    router_lr_scale: float = 0.1
+    weight_decay: float = 0.1
+    warmup_steps: int = 100
+    min_lr_ratio: float = 0.1
+    calibration_steps: int = 30  # steps timed to turn the minute budget into a step count
+    max_steps: int | None = None  # fixes the step count (reproduces a run exactly); else calibrated
+    stop_after_steps: int | None = None  # checkpoint and exit early (tests resume)
+    checkpoint_every_s: float = 300.0
+    log_every: int = 25
+    eval_every: int = 100
+    eval_windows: int = 16
+    final_eval_tokens: int = 131072
+    corpus_chars: int | None = None  # use only the first files up to this many characters (tests)
+    balance_gamma: float = 0.01
+    balance_refinements: int = 3
+    bias_clip: float = 1.0
+
+    def __post_init__(self) -> None:
+        if self.max_steps is None and self.calibration_steps > self.warmup_steps:
+            raise ValueError("calibration must end within warmup, whose learning rates need no step count")
+        if self.max_steps is not None and self.max_steps < 1:
+            raise ValueError("max_steps must be positive")
+        if self.seq_len > self.shape.max_position_embeddings:
+            raise ValueError("seq_len exceeds max_position_embeddings")
+
+    def resume_key(self) -> dict:
+        """Settings that must match for a checkpoint to be resumed."""
+        fields = asdict(self)
+        for volatile in ("out", "threads", "stop_after_steps", "checkpoint_every_s", "minutes"):
+            fields.pop(volatile)
+        return fields
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--out", required=True, help="run folder; the model lands in OUT/model")
+    parser.add_argument("--minutes", type=float, default=65.0, help="training time budget")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--threads", type=int, default=1, help="torch CPU threads")
+    hidden = argparse.SUPPRESS
+    parser.add_argument("--tiny", action="store_true", help=hidden)
+    parser.add_argument("--max-steps", type=int, default=None, help=hidden)
+    parser.add_argument("--stop-after-steps", type=int, default=None, help=hidden)
+    parser.add_argument("--checkpoint-every-s", type=float, default=300.0, help=hidden)
+
+
+def settings_from_args(args: argparse.Namespace) -> TrainSettings:
+    settings = TrainSettings(
+        out=args.out, minutes=args.minutes, seed=args.seed, threads=args.threads, max_steps=args.max_steps,
+        stop_after_steps=args.stop_after_steps, checkpoint_every_s=args.checkpoint_every_s,
+    )
+    if args.tiny:
+        settings = replace(
+            settings, shape=TINY_SHAPE, seq_len=32, batch_size=4, warmup_steps=2, calibration_steps=2,
+            log_every=2, eval_every=4, eval_windows=2, final_eval_tokens=1024, corpus_chars=150_000,
+        )
+    return settings
+
+
+def run(args: argparse.Namespace) -> dict:
+    return train(settings_from_args(args))
+
+
+# ---------------------------------------------------------------------------------------------
+# Routing: load counting and bias refinement
+
+
+class RouterRecorder:
+    """Context manager: counts each layer's expert choices and keeps the router inputs.
+
+    Hooks on the routers' forward, which return `(router_logits, topk_weights, topk_indices)`.
+    """
+
+    def __init__(self, routers: Sequence[torch.nn.Module]):
+        self.routers = list(routers)
+        n_experts = self.routers[0].num_experts
+        self.counts = torch.zeros(len(self.routers), n_experts, dtype=torch.long)  # [L, E]
+        self.inputs: list[torch.Tensor | None] = [None] * len(self.routers)  # each [B*T, D]
+        self._handles: list = []
+
+    def __enter__(self) -> RouterRecorder:
+        for layer, router in enumerate(self.routers):
+            self._handles.append(router.register_forward_hook(self._hook(layer)))
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for handle in self._handles:
+            handle.remove()
+        self._handles.clear()
+
+    def _hook(self, layer: int):
+        def hook(module, inputs, output):
+            hidden = inputs[0].detach()
+            self.inputs[layer] = hidden.reshape(-1, hidden.shape[-1])
+            topk_indices = output[2]  # [B*T, K]
+            self.counts[layer] += torch.bincount(topk_indices.flatten(), minlength=self.counts.shape[1]).cpu()
+
+        return hook
+
+
+@torch.no_grad()
+def refine_biases(
+    routers: Sequence[torch.nn.Module], inputs: Sequence[torch.Tensor | None], gamma: float, refinements: int,
+    clip: float,
+) -> None:
+    """Move each router's selection bias toward equal load on the batch it just routed.
+
+    bias += gamma * clamp((mean_load - load) / mean_load, -1, 1), repeated `refinements` times with
+    the selection recomputed by the router itself (its `forward`, which bypasses recording hooks).
+    """
+    for router, hidden in zip(routers, inputs):
+        if hidden is None:
+            continue
+        for _ in range(refinements):
+            topk_indices = router.forward(hidden)[2]  # [B*T, K]
+            load = torch.bincount(topk_indices.flatten(), minlength=router.num_experts).float()  # [E]
+            mean = load.mean()
+            error = ((mean - load) / mean).clamp(-1.0, 1.0)
+            router.e_score_correction_bias.add_(gamma * error).clamp_(-clip, clip)
+
+
+def load_spread(counts: torch.Tensor) -> list[tuple[float, float]]:
+    """Per layer (min load / mean load, max load / mean load) from counts [L, E]."""
+    counts = counts.double()
+    mean = counts.mean(dim=1).clamp(min=1e-9)
+    return [(round(float(lo), 3), round(float(hi), 3)) for lo, hi in
+            zip(counts.min(dim=1).values / mean, counts.max(dim=1).values / mean)]
+
+
+def routers_of(model: PreTrainedModel) -> list[torch.nn.Module]:
+    return [layer.mlp.gate for layer in model.model.layers]
+
+
+# ---------------------------------------------------------------------------------------------
+# Data, optimizer, schedule
+
+
+def batch_at(stream: torch.Tensor, step: int, settings: TrainSettings) -> torch.Tensor:
+    """Random windows [B, T] for `step`: a pure function of (seed, step), so resuming needs no state."""
+    generator = torch.Generator().manual_seed(settings.seed * 1_000_003 + step)
+    starts = torch.randint(0, len(stream) - settings.seq_len, (settings.batch_size,), generator=generator)
+    return torch.stack([stream[s : s + settings.seq_len] for s in starts.tolist()])
+
+
+def make_optimizer(model: PreTrainedModel, settings: TrainSettings) -> torch.optim.AdamW:
+    router_params, decay, no_decay = [], [], []
+    for name, param in model.named_parameters():
+        if name.endswith("mlp.gate.weight"):
+            router_params.append(param)
+        elif param.ndim >= 2:
+            decay.append(param)
+        else:
+            no_decay.append(param)
+    groups = [
+        {"params": decay, "weight_decay": settings.weight_decay, "lr_scale": 1.0},
+        {"params": no_decay, "weight_decay": 0.0, "lr_scale": 1.0},
+        {"params": router_params, "weight_decay": 0.0, "lr_scale": settings.router_lr_scale},
+    ]
+    return torch.optim.AdamW(groups, lr=settings.lr, betas=(0.9, 0.95))
+
+
+def lr_at(step: int, total_steps: int | None, settings: TrainSettings) -> float:
+    """Linear warmup, then cosine down to min_lr_ratio * lr at `total_steps`."""
+    if step < settings.warmup_steps:
+        return settings.lr * (step + 1) / settings.warmup_steps
+    assert total_steps is not None, "the step count is calibrated before warmup ends"
+    progress = min(1.0, (step - settings.warmup_steps) / max(1, total_steps - settings.warmup_steps))
+    floor = settings.min_lr_ratio
+    return settings.lr * (floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * progress)))
+
+
+def count_params(model: PreTrainedModel) -> tuple[int, int]:
+    total = sum(p.numel() for p in model.parameters())
+    experts = sum(p.numel() for name, p in model.named_parameters() if ".mlp.experts." in name)
+    return total, experts
+
+
+# ---------------------------------------------------------------------------------------------
+# Evaluation
+
+
+@torch.no_grad()
+def evaluate(model: PreTrainedModel, stream: torch.Tensor, seq_len: int, max_tokens: int, batch_size: int = 8) -> dict:
+    """Next-token loss, top-1 accuracy, share of top-1 probabilities > 0.8, and per-layer load,
+    over consecutive windows of `seq_len` covering up to `max_tokens` of `stream`."""
+    was_training = model.training
+    model.eval()
+    n_windows = min(len(stream), max_tokens) // seq_len
+    windows = stream[: n_windows * seq_len].view(n_windows, seq_len)  # [B, T]
+    nll, correct, confident, n = 0.0, 0, 0, 0
+    with RouterRecorder(routers_of(model)) as recorder:
+        for chunk in windows.split(batch_size):
+            logits = model(input_ids=chunk, use_cache=False).logits[:, :-1].float()  # [B, T-1, V]
+            targets = chunk[:, 1:]  # [B, T-1]
+            logp = torch.log_softmax(logits, dim=-1)
+            nll -= logp.gather(-1, targets.unsqueeze(-1)).sum().item()
+            top_logp, top_index = logp.max(dim=-1)
+            correct += (top_index == targets).sum().item()
+            confident += (top_logp > math.log(0.8)).sum().item()
+            n += targets.numel()
+    model.train(was_training)
+    spread = load_spread(recorder.counts)
+    return {
+        "tokens": n,
+        "loss": round(nll / n, 4),
+        "top1": round(correct / n, 4),
+        "top1_prob_gt_0.8": round(confident / n, 4),
+        "load_min_over_mean": [lo for lo, _ in spread],
+        "load_max_over_mean": [hi for _, hi in spread],
+        "balanced_0.1_to_3x": all(lo >= 0.1 and hi <= 3.0 for lo, hi in spread),
+    }
+
+
+# ---------------------------------------------------------------------------------------------
+# Training
+
+
+@dataclass
+class Progress:
+    step: int = 0
+    elapsed_s: float = 0.0
+    tokens_seen: int = 0
+    total_steps: int | None = None
+
+
+def _limit_chars(files: Sequence[SourceFile], limit: int | None) -> list[SourceFile]:
+    if limit is None:
+        return list(files)
+    chosen, chars = [], 0
+    for source in files:
+        if chars >= limit:
+            break
+        chosen.append(source)
+        chars += len(source.text)
+    return chosen
+
+
+def _append_log(path: Path, record: dict) -> None:
+    with path.open("a") as f:
+        f.write(json.dumps(record) + "\n")
+
+
+def _save_checkpoint(path: Path, model, optimizer, progress: Progress, settings: TrainSettings) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    torch.save(
+        {
+            "model": model.state_dict(),
+            "optimizer": optimizer.state_dict(),
+            "torch_rng": torch.get_rng_state(),
+            "progress": asdict(progress),
+            "resume_key": settings.resume_key(),
+        },
+        tmp,
+    )
+    os.replace(tmp, path)
+
+
+def _load_checkpoint(path: Path, model, optimizer, settings: TrainSettings) -> Progress:
+    state = torch.load(path, map_location="cpu", weights_only=False)
+    if state["resume_key"] != settings.resume_key():
+        raise ValueError(f"{path} was written with other settings; use another --out or delete it")
+    model.load_state_dict(state["model"])
+    optimizer.load_state_dict(state["optimizer"])
+    torch.set_rng_state(state["torch_rng"])
+    return Progress(**state["progress"])
+
+
+def train(settings: TrainSettings) -> dict:
+    """Train (or resume), evaluate, save OUT/model; returns the metadata written beside the model."""
+    torch.set_num_threads(settings.threads)
+    os.environ.setdefault("RAYON_NUM_THREADS", str(settings.threads))  # tokenizers' thread pool
+    out = Path(settings.out)
+    out.mkdir(parents=True, exist_ok=True)
+    model_dir, checkpoint_path, log_path = out / "model", out / "checkpoint" / "state.pt", out / "train_log.jsonl"
+    if (model_dir / META_FILE).exists():
+        print(f"{model_dir} is complete; delete it to train again", file=sys.stderr)
+        return json.loads((model_dir / META_FILE).read_text())
+
+    corpus = load_corpus()
+    train_files = _limit_chars(corpus.train_files, settings.corpus_chars)
+    heldout_files = _limit_chars(corpus.heldout_files, settings.corpus_chars)
+    tokenizer_dir = out / "tokenizer"
+    if tokenizer_dir.exists():
+        tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
+    else:
+        tokenizer = train_tokenizer([f.text for f in train_files], settings.shape.vocab_size)
+        tokenizer.save_pretrained(tokenizer_dir)
+    train_stream = torch.tensor(encode_documents(tokenizer, [f.text for f in train_files]))
+    heldout_stream = torch.tensor(encode_documents(tokenizer, [f.text for f in heldout_files]))
+    if len(heldout_stream) < settings.final_eval_tokens:
+        raise ValueError(f"held-out text has {len(heldout_stream)} tokens, fewer than {settings.final_eval_tokens}")
+
+    torch.manual_seed(settings.seed)
+    config = build_config(settings.shape, tokenizer.eos_token_id)
+    model = AutoModelForCausalLM.from_config(config, experts_implementation=EXPERTS_IMPLEMENTATION)
+    model.train()
+    optimizer = make_optimizer(model, settings)
+    routers = routers_of(model)
+
+    progress = Progress(total_steps=settings.max_steps)
+    if checkpoint_path.exists():
+        progress = _load_checkpoint(checkpoint_path, model, optimizer, settings)
+        _append_log(log_path, {"event": "resume", **asdict(progress)})
+    else:
+        total, in_experts = count_params(model)
+        _append_log(log_path, {"event": "start", "settings": asdict(settings), "params_total": total,
+                               "params_experts": in_experts, "train_tokens": len(train_stream),
+                               "heldout_tokens": len(heldout_stream), "corpus_sha256": corpus.sha256})
+
+    tokens_per_step = settings.batch_size * settings.seq_len
+    eval_stream = heldout_stream[: settings.eval_windows * settings.seq_len]
+    interval_loss, interval_steps = 0.0, 0
+    interval_counts = torch.zeros(len(routers), settings.shape.n_routed_experts, dtype=torch.long)
+    calibration_start: float | None = None
+    last_checkpoint = time.monotonic()
+    bar = tqdm(total=progress.total_steps, initial=progress.step, desc="train-target", mininterval=30,
+               file=sys.stderr)
+    while progress.total_steps is None or progress.step < progress.total_steps:
+        step_start = time.monotonic()
+        lr = lr_at(progress.step, progress.total_steps, settings)
+        for group in optimizer.param_groups:
+            group["lr"] = lr * group["lr_scale"]
+        input_ids = batch_at(train_stream, progress.step, settings)  # [B, T]
+        with RouterRecorder(routers) as recorder:
+            loss = model(input_ids=input_ids, labels=input_ids, use_cache=False).loss
+            loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        refine_biases(routers, recorder.inputs, settings.balance_gamma, settings.balance_refinements,
+                      settings.bias_clip)
+        progress.step += 1
+        progress.tokens_seen += tokens_per_step
+        interval_loss += loss.item()
+        interval_steps += 1
+        interval_counts += recorder.counts
+        bar.update(1)
+        bar.set_postfix(loss=f"{loss.item():.3f}", refresh=False)
+
+        if progress.total_steps is None:  # turn the minute budget into a step count
+            if progress.step == 2:  # the first steps pay one-off costs
+                calibration_start = time.monotonic()
+            elif progress.step == settings.calibration_steps:
+                seconds_per_step = (time.monotonic() - calibration_start) / (settings.calibration_steps - 2)
+                seconds_per_step *= 1.03  # periodic evaluation and checkpoints
+                progress.total_steps = max(progress.step + 1, int(settings.minutes * 60 / seconds_per_step))
+                bar.total = progress.total_steps
+                _append_log(log_path, {"event": "calibrated", "seconds_per_step": round(seconds_per_step, 3),
+                                       "total_steps": progress.total_steps})
+
+        record = None
+        if progress.step % settings.log_every == 0 or progress.step == progress.total_steps:
+            spread = load_spread(interval_counts)
+            record = {"step": progress.step, "lr": lr, "train_loss": round(interval_loss / interval_steps, 4),
+                      "tokens_seen": progress.tokens_seen, "load_min_over_mean": [lo for lo, _ in spread],
+                      "load_max_over_mean": [hi for _, hi in spread]}
+            interval_loss, interval_steps = 0.0, 0
+            interval_counts.zero_()
+        if progress.step % settings.eval_every == 0:
+            heldout = evaluate(model, eval_stream, settings.seq_len, len(eval_stream))
+            record = (record or {"step": progress.step}) | {"heldout_loss": heldout["loss"]}
+        progress.elapsed_s += time.monotonic() - step_start
+        if record is not None:
+            record["elapsed_min"] = round(progress.elapsed_s / 60, 2)
+            record["train_tok_per_s"] = round(progress.tokens_seen / max(progress.elapsed_s, 1e-9))
+            _append_log(log_path, record)
+            bar.write(json.dumps(record))
+
+        finished = progress.step == progress.total_steps
+        stopping = settings.stop_after_steps is not None and progress.step >= settings.stop_after_steps
+        if finished or stopping or time.monotonic() - last_checkpoint >= settings.checkpoint_every_s:
+            _save_checkpoint(checkpoint_path, model, optimizer, progress, settings)
+            last_checkpoint = time.monotonic()
+        if stopping and not finished:
+            bar.close()
+            _append_log(log_path, {"event": "stopped", "step": progress.step})
+            return {"stopped_at_step": progress.step}
+    bar.close()
+    return _finish(model, tokenizer, heldout_stream, progress, settings, corpus.sha256, corpus.python_version)
+
+
+def _finish(model, tokenizer, heldout_stream: torch.Tensor, progress: Progress, settings: TrainSettings,
+            corpus_sha256: str, python_version: str) -> dict:
+    """Evaluate in fp32, save in bfloat16 (selection bias kept fp32), reload and evaluate again."""
+    out = Path(settings.out)
+    model_dir = out / "model"
+    heldout_fp32 = evaluate(model, heldout_stream, settings.seq_len, settings.final_eval_tokens)
+    params_total, params_experts = count_params(model)
+
+    routers = routers_of(model)
+    biases = [router.e_score_correction_bias.detach().clone() for router in routers]  # [E] each, fp32
+    model.to(torch.bfloat16)
+    for router, bias in zip(routers, biases):
+        router.e_score_correction_bias.data = bias  # a bf16 bias would perturb near-tied selections
+    model.save_pretrained(model_dir)
+    tokenizer.save_pretrained(model_dir)
+
+    reloaded = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32,
+                                                    experts_implementation=EXPERTS_IMPLEMENTATION)
+    bias_restored = all(torch.equal(router.e_score_correction_bias, bias)
+                        for router, bias in zip(routers_of(reloaded), biases))
+    if not bias_restored:
+        raise RuntimeError("e_score_correction_bias did not survive save_pretrained / from_pretrained")
+    heldout_bf16 = evaluate(reloaded, heldout_stream, settings.seq_len, settings.final_eval_tokens)
+
+    meta = {
+        "command": shlex.join(sys.orig_argv),
+        "corpus_sha256": corpus_sha256,
+        "python_version": python_version,
+        "torch_version": torch.__version__,
+        "transformers_version": transformers.__version__,
+        "experts_implementation": EXPERTS_IMPLEMENTATION,
+        "seed": settings.seed,
+        "training_minutes": round(progress.elapsed_s / 60, 2),
+        "steps": progress.step,
+        "tokens_seen": progress.tokens_seen,
+        "params_total": params_total,
+        "params_experts": params_experts,
+        "experts_share": round(params_experts / params_total, 4),
+        "heldout_fp32": heldout_fp32,
+        "heldout_bf16_weights": heldout_bf16,
+        "bias_restored_by_from_pretrained": bias_restored,
+        "shape": asdict(settings.shape),
+        "settings": asdict(settings),
+    }
+    (model_dir / META_FILE).write_text(json.dumps(meta, indent=2) + "\n")
+    _append_log(out / "train_log.jsonl", {"event": "final", "heldout_fp32": heldout_fp32,
+                                           "heldout_bf16_weights": heldout_bf16})
+    return meta
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m moe_spec.training.train_target", description=__doc__.split("\n")[0])
+    add_arguments(parser)
+    meta = run(parser.parse_args(argv))
+    print(json.dumps({k: meta[k] for k in ("heldout_fp32", "training_minutes") if k in meta} or meta))
+
+
+if __name__ == "__main__":
+    main()

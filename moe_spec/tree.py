@@ -1,0 +1,123 @@
+"""The draft tree: a small immutable value and pure functions over it.
+
+Node 0 is the root: the last committed token, whose key/value is not yet in the target's
+cache. Every other node is a drafted token. Nodes are in topological order (a parent comes
+before its children), so `parents[i] < i` for every non-root node.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class DraftTree:
+    tokens: torch.Tensor  # [N] long: token id of each node
+    parents: torch.Tensor  # [N] long: parent node index, -1 for the root
+    scores: torch.Tensor  # [N] float: cumulative draft log-probability (root 0)
+
+    def __post_init__(self):
+        n = self.tokens.shape[0]
+        if n == 0:
+            raise ValueError("a draft tree has at least its root")
+        if self.parents.shape != (n,) or self.scores.shape != (n,):
+            raise ValueError(f"tokens, parents and scores must all have shape [{n}]")
+        if int(self.parents[0]) != -1:
+            raise ValueError("node 0 must be the root (parent -1)")
+        if n > 1:
+            rest = self.parents[1:]
+            if bool((rest < 0).any()) or bool((rest >= torch.arange(1, n)).any()):
+                raise ValueError("every non-root node needs a parent with a smaller index")
+
+    @staticmethod
+    def root_only(token: int) -> "DraftTree":
+        return DraftTree(
+            tokens=torch.tensor([token], dtype=torch.long),
+            parents=torch.tensor([-1], dtype=torch.long),
+            scores=torch.zeros(1),
+        )
+
+    @staticmethod
+    def from_lists(tokens: list[int], parents: list[int], scores: list[float] | None = None) -> "DraftTree":
+        return DraftTree(
+            tokens=torch.tensor(tokens, dtype=torch.long),
+            parents=torch.tensor(parents, dtype=torch.long),
+            scores=torch.tensor(scores if scores is not None else [0.0] * len(tokens), dtype=torch.float32),
+        )
+
+    def __len__(self) -> int:
+        return int(self.tokens.shape[0])
+
+    @property
+    def num_drafted(self) -> int:
+        return len(self) - 1
+
+    @property
+    def depths(self) -> torch.Tensor:
+        """[N] long: distance of each node from the root."""
+        depths = torch.zeros(len(self), dtype=torch.long)
+        parents = self.parents.tolist()
+        for i in range(1, len(self)):
+            depths[i] = depths[parents[i]] + 1
+        return depths
+
+    def children(self, node: int) -> list[int]:
+        return (self.parents == node).nonzero().flatten().tolist()
+
+    def subtree(self, keep: torch.Tensor | list[int]) -> "DraftTree":
+        """The tree restricted to `keep` (node indices; must contain the root and be closed under parents)."""
+        keep = torch.as_tensor(keep, dtype=torch.long).unique(sorted=True)
+        if keep.numel() == 0 or int(keep[0]) != 0:
+            raise ValueError("a subtree must contain the root")
+        new_index = torch.full((len(self),), -1, dtype=torch.long)
+        new_index[keep] = torch.arange(keep.numel())
+        old_parents = self.parents[keep]
+        if bool((new_index[old_parents[1:]] < 0).any()):
+            raise ValueError("a subtree must contain the parent of every kept node")
+        parents = torch.cat([torch.tensor([-1]), new_index[old_parents[1:]]])
+        return DraftTree(self.tokens[keep], parents, self.scores[keep])
+
+
+def ancestor_mask(tree: DraftTree) -> torch.Tensor:
+    """[N, N] bool: entry (i, j) is True when node j is node i or one of its ancestors."""
+    n = len(tree)
+    mask = torch.eye(n, dtype=torch.bool)
+    parents = tree.parents.tolist()
+    for i in range(1, n):
+        mask[i] |= mask[parents[i]]
+    return mask
+
+
+def positions(tree: DraftTree, prefix_len: int) -> torch.Tensor:
+    """[N] long: the absolute position of each node when the cache holds `prefix_len` tokens."""
+    return prefix_len + tree.depths
+
+
+def root_to_leaf_paths(tree: DraftTree) -> list[list[int]]:
+    """Node indices of every path from the root to a leaf, in node order of the leaves."""
+    is_parent = torch.zeros(len(tree), dtype=torch.bool)
+    is_parent[tree.parents[1:]] = True
+    parents = tree.parents.tolist()
+    paths = []
+    for leaf in (~is_parent).nonzero().flatten().tolist():
+        path = [leaf]
+        while parents[path[-1]] >= 0:
+            path.append(parents[path[-1]])
+        paths.append(path[::-1])
+    return paths
+
+
+def path_to(tree: DraftTree, node: int) -> list[int]:
+    """Node indices from the root down to `node`."""
+    parents = tree.parents.tolist()
+    path = [node]
+    while parents[path[-1]] >= 0:
+        path.append(parents[path[-1]])
+    return path[::-1]
+
+
+def chain_tree(tokens: list[int]) -> DraftTree:
+    """A tree that is a single path: tokens[0] is the root."""
+    return DraftTree.from_lists(tokens, list(range(-1, len(tokens) - 1)))
