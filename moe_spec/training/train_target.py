@@ -38,6 +38,7 @@ from moe_spec.training.tokenizer_training import encode_documents, train_tokeniz
 # Not saved in config.json: whoever loads the model passes it again (FINDINGS: 2.4x eager on CPU).
 EXPERTS_IMPLEMENTATION = "grouped_mm"
 META_FILE = "moe_spec_meta.json"
+_UNTIMED_STEPS = 2  # the first steps pay one-off costs and are left out of the calibration
 
 
 @dataclass(frozen=True)
@@ -132,6 +133,8 @@ class TrainSettings:
     bias_clip: float = 1.0
 
     def __post_init__(self) -> None:
+        if self.calibration_steps <= _UNTIMED_STEPS:
+            raise ValueError(f"calibration_steps must exceed the {_UNTIMED_STEPS} untimed first steps")
         if self.max_steps is None and self.calibration_steps > self.warmup_steps:
             raise ValueError("calibration must end within warmup, whose learning rates need no step count")
         if self.max_steps is not None and self.max_steps < 1:
@@ -166,7 +169,7 @@ def settings_from_args(args: argparse.Namespace) -> TrainSettings:
     )
     if args.tiny:
         settings = replace(
-            settings, shape=TINY_SHAPE, seq_len=32, batch_size=4, warmup_steps=2, calibration_steps=2,
+            settings, shape=TINY_SHAPE, seq_len=32, batch_size=4, warmup_steps=4, calibration_steps=4,
             log_every=2, eval_every=4, eval_windows=2, final_eval_tokens=1024, corpus_chars=150_000,
         )
     return settings
@@ -454,10 +457,10 @@ def train(settings: TrainSettings) -> dict:
         bar.set_postfix(loss=f"{loss.item():.3f}", refresh=False)
 
         if progress.total_steps is None:  # turn the minute budget into a step count
-            if progress.step == 2:  # the first steps pay one-off costs
+            if progress.step == _UNTIMED_STEPS:
                 calibration_start = time.monotonic()
             elif progress.step == settings.calibration_steps:
-                seconds_per_step = (time.monotonic() - calibration_start) / (settings.calibration_steps - 2)
+                seconds_per_step = (time.monotonic() - calibration_start) / (settings.calibration_steps - _UNTIMED_STEPS)
                 seconds_per_step *= 1.03  # periodic evaluation and checkpoints
                 progress.total_steps = max(progress.step + 1, int(settings.minutes * 60 / seconds_per_step))
                 bar.total = progress.total_steps

@@ -1,0 +1,88 @@
+"""End to end: tree speculative sampling reproduces the target's own sampling distribution."""
+
+import pytest
+import torch
+from scipy.stats import chisquare
+
+from moe_spec import SpecDecoder, TreeBudget
+from moe_spec.sampling import SamplingConfig, probabilities
+from moe_spec.tiny_models import tiny_model
+from moe_spec.tree import DraftTree
+
+VOCAB = 6
+PROMPT = [1, 4, 2, 5]
+
+
+class FullTreeDrafter:
+    """Drafts every token at depth 1 and the two lowest ids below each: a tree with many siblings."""
+
+    default_budget = TreeBudget(max_nodes=VOCAB * 3, max_depth=2, branching=VOCAB)
+
+    def begin(self, prompt, features):
+        pass
+
+    def commit(self, tokens, features):
+        pass
+
+    def propose(self, root_token, budget, sampling):
+        tokens, parents = [root_token], [-1]
+        for first in range(VOCAB):
+            tokens.append(first)
+            parents.append(0)
+            parent = len(tokens) - 1
+            if budget.max_depth >= 2:
+                for second in (0, 1):
+                    tokens.append(second)
+                    parents.append(parent)
+        return DraftTree.from_lists(tokens, parents)
+
+
+def _exact_distribution_of_tokens_2_and_3(model, config):
+    """P(x2, x3 | prompt) = sum over x1 of P(x1) P(x2 | x1) P(x3 | x1, x2), by enumeration."""
+
+    def next_probs(tokens):
+        return probabilities(model(torch.tensor([PROMPT + tokens])).logits[0, -1], config)
+
+    joint = torch.zeros(VOCAB, VOCAB)
+    with torch.no_grad():
+        p1 = next_probs([])
+        for x1 in range(VOCAB):
+            p2 = next_probs([x1])
+            for x2 in range(VOCAB):
+                joint[x2] += p1[x1] * p2[x2] * next_probs([x1, x2])
+    return joint
+
+
+@pytest.mark.parametrize("arch", ["qwen3_moe", "gpt_oss"])
+@pytest.mark.parametrize(
+    "config", [SamplingConfig(1.0), SamplingConfig(0.9, top_k=4), SamplingConfig(1.0, top_p=0.8)], ids=["t1", "topk", "topp"]
+)
+def test_tokens_sampled_through_sibling_trees_follow_the_target(arch, config):
+    model = tiny_model(arch, vocab_size=VOCAB, seed=4)
+    # 4 new tokens: the first comes from prefill, the 2nd and 3rd from the first tree step when accepted
+    decoder = SpecDecoder(model, drafter=FullTreeDrafter())
+    generator = torch.Generator().manual_seed(2024)
+    samples = 1500
+    counts = torch.zeros(VOCAB, VOCAB)
+    tree_steps_accepting_two = 0
+    for _ in range(samples):
+        result = decoder.generate(
+            torch.tensor([PROMPT]), max_new_tokens=4, temperature=config.temperature, top_k=config.top_k,
+            top_p=config.top_p, eos_token_id=[], generator=generator,
+        )
+        first_step = result.stats.steps[0]
+        assert first_step.tree_size == VOCAB * 3, "the step verified the whole sibling tree"
+        tree_steps_accepting_two += first_step.accepted_length >= 2
+        _x1, x2, x3, _x4 = result.sequences[0, len(PROMPT):].tolist()
+        counts[x2, x3] += 1
+    assert tree_steps_accepting_two > samples // 2
+    exact = _exact_distribution_of_tokens_2_and_3(model, config)
+    assert counts[exact == 0].sum() == 0, "sampled a pair the target gives zero probability"
+    support = exact > 0
+    expected = exact[support] / exact[support].sum() * samples
+    # merge rare cells so chi-square's expected counts are >= 5
+    rare = expected < 5
+    observed = torch.cat([counts[support][~rare], counts[support][rare].sum(0, keepdim=True)])
+    expected = torch.cat([expected[~rare], expected[rare].sum(0, keepdim=True)])
+    keep = expected > 0
+    assert chisquare(observed[keep].numpy(), expected[keep].numpy()).pvalue > 1e-3
