@@ -1,2 +1,49 @@
-def main():
-    raise SystemExit("not yet")
+"""The `moe-spec` command line. Each subcommand lives in its own module with `add_arguments` and `run`."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from moe_spec.errors import MoeSpecError
+
+# subcommand -> (module, one-line help)
+COMMANDS = {
+    "generate": ("moe_spec.generate_command", "decode a prompt with speculative decoding"),
+    "demo": ("moe_spec.demo_command", "the embedded pair: autoregressive vs EAGLE tree, side by side"),
+    "bench": ("moe_spec.bench.command", "compare decoding methods side by side on a prompt set"),
+    "profile": ("moe_spec.profiling.profile_command", "profile a target's expert activation and verify cost"),
+    "train-target": ("moe_spec.training.train_target", "train the embedded default MoE target"),
+    "train-draft": ("moe_spec.training.train_draft", "train an EAGLE-style draft head for a target"),
+    "make-tiny": ("moe_spec.tiny_command", "save a tiny random model of a supported architecture"),
+}
+
+
+def build_parser(selected: str | None) -> argparse.ArgumentParser:
+    """All subcommands are listed; only the selected one's module is imported (heavy imports stay lazy)."""
+    parser = argparse.ArgumentParser(prog="moe-spec", description="Expert-aware speculative decoding for MoE models.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    for name, (module_name, help_text) in COMMANDS.items():
+        command = sub.add_parser(name, help=help_text)
+        if name == selected:
+            module = importlib.import_module(module_name)
+            module.add_arguments(command)
+            command.set_defaults(_module=module)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    selected = next((a for a in argv if not a.startswith("-")), None)
+    args = build_parser(selected).parse_args(argv)
+    try:
+        args._module.run(args)
+    except MoeSpecError as error:
+        print(f"moe-spec {args.command}: error: {error}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,69 @@
+"""Loading targets, tokenizers and drafters from local folders (nothing is downloaded)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
+
+from moe_spec.errors import InputError
+
+ASSETS = Path(__file__).parent / "assets"
+DEFAULT_TARGET = ASSETS / "default_target"
+DEFAULT_DRAFTER = ASSETS / "default_draft"
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def load_target(
+    path: str | Path | None = None,
+    dtype: str = "float32",
+    experts_implementation: str | None = "grouped_mm",
+    attn_implementation: str | None = None,
+) -> PreTrainedModel:
+    """A causal LM from a local folder (default: the embedded target), in eval mode.
+
+    fp32 compute is the default because it ran faster than bf16 at the embedded model's shapes
+    on this CPU; `experts_implementation` is not saved in config.json, so it is chosen here.
+    """
+    folder = Path(path) if path is not None else DEFAULT_TARGET
+    if not (folder / "config.json").is_file():
+        raise InputError(f"no model at {folder} (expected a config.json saved by save_pretrained)")
+    if dtype not in _DTYPES:
+        raise InputError(f"dtype must be one of {sorted(_DTYPES)}, got {dtype!r}")
+    kwargs = {"dtype": _DTYPES[dtype]}
+    if attn_implementation is not None:
+        kwargs["attn_implementation"] = attn_implementation
+    model = AutoModelForCausalLM.from_pretrained(folder, **kwargs)
+    if experts_implementation is not None and _has_experts(model):
+        model.set_experts_implementation(experts_implementation)
+    return model.eval()
+
+
+def _has_experts(model: PreTrainedModel) -> bool:
+    return bool(getattr(model, "_can_set_experts_implementation", lambda: False)())
+
+
+def load_tokenizer(path: str | Path | None = None):
+    """The tokenizer saved beside a model, or None when the folder has none."""
+    folder = Path(path) if path is not None else DEFAULT_TARGET
+    if not any((folder / name).is_file() for name in ("tokenizer.json", "tokenizer_config.json")):
+        return None
+    return AutoTokenizer.from_pretrained(folder)
+
+
+def load_drafter(spec: str | None, target):
+    """`None`: no drafter (plain decoding); `lookup`: prompt lookup; anything else: an EAGLE head folder."""
+    from moe_spec.drafters.lookup import LookupDrafter
+
+    if spec is None or spec == "none":
+        return None
+    if spec == "lookup":
+        return LookupDrafter()
+    from moe_spec.drafters.eagle import EagleDrafter
+
+    folder = DEFAULT_DRAFTER if spec == "default" else Path(spec)
+    if not (folder / "config.json").is_file():
+        raise InputError(f"no draft head at {folder} (expected config.json + model.safetensors)")
+    return EagleDrafter.from_pretrained(folder, target)
