@@ -1,7 +1,7 @@
 """moe_spec: expert-aware speculative decoding for Mixture-of-Experts language models."""
 
 from moe_spec.architectures import SUPPORTED_ARCHITECTURES
-from moe_spec.drafters import Drafter, LookupDrafter, TreeBudget
+from moe_spec.drafters import Drafter, EagleDrafter, LookupDrafter, TreeBudget
 from moe_spec.engine import GenerationResult, SpecDecoder
 from moe_spec.errors import DrafterError, InputError, MoeSpecError, UnsupportedArchitectureError
 from moe_spec.routing import Routing, RoutingRecorder
@@ -13,6 +13,7 @@ __all__ = [
     "Drafter",
     "DraftTree",
     "DrafterError",
+    "EagleDrafter",
     "GenerationResult",
     "InputError",
     "LookupDrafter",

@@ -80,7 +80,7 @@ class SpecDecoder:
         )
         root = sample(probabilities(prefill.logits[0, -1], sampling), generator)
         if self.drafter is not None:
-            self.drafter.begin(prompt, prefill.features[0].cpu())
+            self.drafter.begin(prompt, prefill.features[0])
         stats.prefill_ms = (time.perf_counter() - start) * 1000
         produced = [root]
         if streamer is not None:
@@ -123,7 +123,7 @@ class SpecDecoder:
         keep_accepted_path(cache, prefix_len, acceptance.path)
         if self.drafter is not None:
             path = torch.tensor(acceptance.path)
-            self.drafter.commit(tree.tokens[path], out.features[0, path].cpu())
+            self.drafter.commit(tree.tokens[path], out.features[0, path.to(out.features.device)])
         verify_ms = (t2 - t1) * 1000
         if self.controller is not None:
             self.controller.feedback(tree, acceptance, verify_ms, out.routing)

@@ -15,3 +15,7 @@ class DrafterError(MoeSpecError):
 
 class InputError(MoeSpecError):
     """The prompt, mask or generation settings are invalid for this target."""
+
+
+class DraftHeadMismatchError(MoeSpecError):
+    """A draft head was trained for a different target (vocabulary, width, depth or feature layers)."""

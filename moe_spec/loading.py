@@ -5,7 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
+
+from moe_spec.architectures import SUPPORTED_ARCHITECTURES
 
 from moe_spec.errors import InputError
 
@@ -27,18 +29,27 @@ def load_target(
     fp32 compute is the default because it ran faster than bf16 at the embedded model's shapes
     on this CPU; `experts_implementation` is not saved in config.json, so it is chosen here.
     """
-    folder = Path(path) if path is not None else DEFAULT_TARGET
-    if not (folder / "config.json").is_file():
-        raise InputError(f"no model at {folder} (expected a config.json saved by save_pretrained)")
+    folder = model_folder(path)
     if dtype not in _DTYPES:
         raise InputError(f"dtype must be one of {sorted(_DTYPES)}, got {dtype!r}")
-    kwargs = {"dtype": _DTYPES[dtype]}
-    if attn_implementation is not None:
-        kwargs["attn_implementation"] = attn_implementation
+    if attn_implementation is None:
+        spec = SUPPORTED_ARCHITECTURES.get(AutoConfig.from_pretrained(folder).model_type)
+        attn_implementation = "eager" if spec is not None and spec.needs_eager_attention else "sdpa"
+    kwargs = {"dtype": _DTYPES[dtype], "attn_implementation": attn_implementation}
     model = AutoModelForCausalLM.from_pretrained(folder, **kwargs)
     if experts_implementation is not None and _has_experts(model):
         model.set_experts_implementation(experts_implementation)
     return model.eval()
+
+
+def model_folder(path: str | Path | None) -> Path:
+    """The folder holding config.json: `path`, its `model/` (a training run folder), or the embedded target."""
+    folder = Path(path) if path is not None else DEFAULT_TARGET
+    if not (folder / "config.json").is_file() and (folder / "model" / "config.json").is_file():
+        folder = folder / "model"
+    if not (folder / "config.json").is_file():
+        raise InputError(f"no model at {folder} (expected a config.json saved by save_pretrained)")
+    return folder
 
 
 def _has_experts(model: PreTrainedModel) -> bool:
@@ -47,7 +58,7 @@ def _has_experts(model: PreTrainedModel) -> bool:
 
 def load_tokenizer(path: str | Path | None = None):
     """The tokenizer saved beside a model, or None when the folder has none."""
-    folder = Path(path) if path is not None else DEFAULT_TARGET
+    folder = model_folder(path)
     if not any((folder / name).is_file() for name in ("tokenizer.json", "tokenizer_config.json")):
         return None
     return AutoTokenizer.from_pretrained(folder)

@@ -66,9 +66,10 @@ def test_same_seed_same_head(tmp_path):
 
 
 def test_draft_vocabulary_ranks_corpus_and_generated_frequencies_equally():
-    corpus = torch.tensor([0, 50, 30, 20, 0])  # shares 0.5, 0.3, 0.2
-    generated = torch.tensor([0, 0, 0, 1, 1])  # shares 0.5, 0.5
-    assert draft_vocabulary(corpus, generated, 3).tolist() == [1, 4, 2]
+    corpus = torch.tensor([0, 50, 30, 20, 0])  # shares of ids 1, 2, 3: 0.5, 0.3, 0.2
+    generated = torch.tensor([0, 0, 0, 1, 1])  # shares of ids 3, 4: 0.5, 0.5
+    # totals 0.5, 0.3, 0.7, 0.5: id 3 first, then the tie 1 / 4 toward the lower id
+    assert draft_vocabulary(corpus, generated, 3).tolist() == [3, 1, 4]
 
 
 def test_loss_is_the_restricted_target_distribution_and_skips_uncovered_positions():

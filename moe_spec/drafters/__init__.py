@@ -1,6 +1,8 @@
 """Drafters: objects that propose a draft tree for the target to verify."""
 
 from moe_spec.drafters.base import Drafter, TreeBudget
+from moe_spec.drafters.eagle import EagleDrafter
+from moe_spec.drafters.eagle_head import EagleConfig, EagleHead
 from moe_spec.drafters.lookup import LookupDrafter
 
-__all__ = ["Drafter", "TreeBudget", "LookupDrafter"]
+__all__ = ["Drafter", "EagleConfig", "EagleDrafter", "EagleHead", "LookupDrafter", "TreeBudget"]

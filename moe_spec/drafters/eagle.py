@@ -118,53 +118,55 @@ class EagleDrafter:
 
     def _grow(self, root_token: int, h_root: torch.Tensor, committed: int, max_depth: int, width: int,
               max_nodes: int, sampling: SamplingConfig) -> DraftTree:
-        # node lists; node 0 is the root. Draft ids until the end.
-        tokens: list[int] = [-1]
-        parents: list[int] = [-1]
-        scores: list[float] = [0.0]
-        h_of: dict[int, torch.Tensor] = {0: h_root}  # expanded node -> its h ([D]), its children's g
-        ancestors: dict[int, list[int]] = {0: [committed]}  # expanded node -> cache indices it sees among the drafts
+        """h_root: [D] the root pair's output. Node 0 is the root; nodes are numbered depth by depth."""
+        tokens = [torch.tensor([-1])]  # per depth: [M_d] draft ids
+        parents = [torch.tensor([-1])]  # per depth: [M_d] node index of the parent
+        scores = [torch.zeros(1)]  # per depth: [M_d] cumulative draft log-probability
+        h_of = {0: h_root}  # expanded node -> its h [D]: its children's g
+        seen = {0: torch.zeros(committed + 1, dtype=torch.bool)}  # expanded node -> head cache columns it sees
+        seen[0][committed] = True  # the root pair; committed pairs are added to every row below
 
-        def add_children(nodes: list[int], h: torch.Tensor) -> list[int]:
+        def add_children(nodes: torch.Tensor, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            """nodes: [M] expanded; h: [M, D]. Appends their top-`width` children; returns (ids, scores) of them."""
             logp = self._log_probs(h, sampling)  # [M, V_draft]
-            top_logp, top_ids = logp.topk(width, dim=-1)  # [M, width]
-            base = torch.tensor([scores[i] for i in nodes])[:, None]
-            cumulative = (base + top_logp).tolist()
-            new = []
-            for row, parent in enumerate(nodes):
-                for col in range(width):
-                    if cumulative[row][col] == float("-inf"):
-                        continue
-                    new.append(len(tokens))
-                    tokens.append(int(top_ids[row, col]))
-                    parents.append(parent)
-                    scores.append(cumulative[row][col])
-            return new
+            top_logp, top_ids = (t.cpu() for t in logp.topk(width, dim=-1))  # [M, width] each
+            cumulative = (node_scores[nodes][:, None] + top_logp).flatten()  # [M * width]
+            keep = cumulative > float("-inf")  # candidates the sampled draft can never produce are not drafted
+            first = sum(t.numel() for t in tokens)
+            tokens.append(top_ids.flatten()[keep])
+            parents.append(nodes[:, None].expand(-1, width).flatten()[keep])
+            scores.append(cumulative[keep])
+            return torch.arange(first, first + int(keep.sum())), scores[-1]
 
-        frontier = add_children([0], h_root[None])
+        node_scores = torch.zeros(1)
+        frontier, frontier_scores = add_children(torch.tensor([0]), h_root[None])
         for depth in range(2, max_depth + 1):
-            if not frontier:
+            if frontier.numel() == 0:
                 break
-            order = sorted(frontier, key=lambda i: (-scores[i], i))[:width]
+            all_parents = torch.cat(parents)
+            all_tokens = torch.cat(tokens)
+            best = torch.sort(frontier_scores, descending=True, stable=True).indices[:width]  # ties: lower index
+            order = frontier[best]  # [M] nodes to expand
             length = self._cache.get_seq_length()
-            m = len(order)
+            m = order.numel()
             visible = torch.zeros(m, length + m, dtype=torch.bool)
             visible[:, :committed] = True
-            for row, node in enumerate(order):
-                visible[row, ancestors[parents[node]]] = True
+            for row, node in enumerate(order.tolist()):
+                parent_seen = seen[int(all_parents[node])]
+                visible[row, : parent_seen.numel()] |= parent_seen
                 visible[row, length + row] = True
-                ancestors[node] = ancestors[parents[node]] + [length + row]
-            g = torch.stack([h_of[parents[i]] for i in order])  # [M, D]: parents' h stand in for features
-            ids = self.head.draft_to_target[torch.tensor([tokens[i] for i in order])]
-            h = self._forward(g, ids, visible, torch.full((m,), committed + depth - 1))
-            h_of.update({node: h[row] for row, node in enumerate(order)})
-            frontier = add_children(order, h)
+                seen[node] = visible[row].clone()
+            g = torch.stack([h_of[int(p)] for p in all_parents[order]])  # [M, D]: parents' h stand in for features
+            ids = self.head.draft_to_target[all_tokens[order].to(self._device)]
+            h = self._forward(g, ids, visible, torch.full((m,), committed + depth - 1))  # [M, D]
+            h_of.update(zip(order.tolist(), h))
+            node_scores = torch.cat(scores)
+            frontier, frontier_scores = add_children(order, h)
 
-        drafted = torch.tensor(scores[1:])
-        keep = torch.sort(drafted, descending=True, stable=True).indices[:max_nodes] + 1
-        keep = torch.cat([torch.tensor([0]), keep])
-        ids = torch.tensor(tokens)
-        ids[1:] = self.head.draft_to_target[ids[1:].to(self.head.draft_to_target.device)].cpu()
+        all_scores = torch.cat(scores)
+        keep = torch.sort(all_scores[1:], descending=True, stable=True).indices[:max_nodes] + 1
+        ids = torch.cat(tokens)
+        ids[1:] = self.head.draft_to_target[ids[1:].to(self._device)].cpu()
         ids[0] = root_token
-        tree = DraftTree(ids, torch.tensor(parents), torch.tensor(scores, dtype=torch.float32))
-        return tree.subtree(keep)
+        tree = DraftTree(ids, torch.cat(parents), all_scores.float())
+        return tree.subtree(torch.cat([torch.tensor([0]), keep]))

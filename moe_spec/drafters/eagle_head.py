@@ -33,15 +33,11 @@ from torch import nn
 from transformers import DynamicCache, LlamaConfig
 from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRMSNorm, LlamaRotaryEmbedding
 
-from moe_spec.errors import MoeSpecError
+from moe_spec.errors import DraftHeadMismatchError, MoeSpecError
 
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
 HEAD_KIND = "moe_spec.eagle_head"
-
-
-class DraftHeadMismatchError(MoeSpecError):
-    """A draft head was trained for a different target (vocabulary, width, depth or feature layers)."""
 
 
 @dataclass(frozen=True)

@@ -34,9 +34,7 @@ from accelerate import Accelerator
 from accelerate.utils import broadcast
 from torch import nn
 from tqdm import tqdm
-from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-from moe_spec.architectures import SUPPORTED_ARCHITECTURES
 from moe_spec.drafters.eagle_head import EagleHead, config_for_target
 from moe_spec.target import TargetModel
 
@@ -200,6 +198,8 @@ def train_draft(target: TargetModel, data: TokenData, settings: DraftTrainSettin
     accelerator = Accelerator()
     torch.manual_seed(settings.seed)
     target.model.eval().requires_grad_(False)
+    if getattr(target.model, "hf_device_map", None) is None:  # a dispatched (offloaded) target stays put
+        target.model.to(accelerator.device)
     embed = target.model.get_input_embeddings()
     batches = _Batches(target, data.train, settings, accelerator.process_index)
     start = time.monotonic()
@@ -228,7 +228,8 @@ def train_draft(target: TargetModel, data: TokenData, settings: DraftTrainSettin
         features, target_logits = target_pass(target, sequences)
         with torch.no_grad():
             token_embeds = embed(sequences.to(target.device)).float()
-        loss, per_pass, agreement = step_module(features, token_embeds, target_logits)
+        device = accelerator.device
+        loss, per_pass, agreement = step_module(features.to(device), token_embeds.to(device), target_logits.to(device))
         accelerator.backward(loss)
         accelerator.clip_grad_norm_(step_module.parameters(), 1.0)
         optimizer.step()
@@ -288,7 +289,8 @@ def evaluate(head: EagleHead, target: TargetModel, heldout: torch.Tensor, settin
         sequences = batches(10**6 + i)
         features, target_logits = target_pass(target, sequences)
         embeds = target.model.get_input_embeddings()(sequences.to(target.device)).float()
-        agreement.append(loss_module(features, embeds, target_logits)[2])
+        device = head.draft_to_target.device
+        agreement.append(loss_module(features.to(device), embeds.to(device), target_logits.to(device))[2].cpu())
         target_top_covered.append(in_vocab[target_logits.argmax(-1).cpu()].float().mean())
     agreement = torch.stack(agreement).mean(0) if agreement else torch.zeros(settings.ttt_steps)
     return {
@@ -305,16 +307,9 @@ def evaluate(head: EagleHead, target: TargetModel, heldout: torch.Tensor, settin
 
 def load_target(path: str | Path) -> tuple[TargetModel, object]:
     """A `TargetModel` (fp32) and its tokenizer from a local folder (or a run folder holding model/)."""
-    path = Path(path)
-    if (path / "model" / "config.json").is_file():
-        path = path / "model"
-    config = AutoConfig.from_pretrained(path)
-    spec = SUPPORTED_ARCHITECTURES.get(config.model_type)
-    kwargs = {"attn_implementation": "eager" if spec is not None and spec.needs_eager_attention else "sdpa"}
-    if spec is not None and spec.is_moe:
-        kwargs["experts_implementation"] = "grouped_mm"  # FINDINGS: 2.4x eager on CPU
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, **kwargs).eval()
-    return TargetModel(model), AutoTokenizer.from_pretrained(path)
+    from moe_spec.loading import load_target as load_model, load_tokenizer
+
+    return TargetModel(load_model(path)), load_tokenizer(path)
 
 
 def text_data(tokenizer, prompt_files: list[str] | None, heldout_share: float = 0.05) -> TokenData:
