@@ -17,11 +17,14 @@ class Controller(Protocol):
     def candidate_budget(self, default: TreeBudget) -> TreeBudget:
         """The budget the drafter expands its candidate tree to."""
 
-    def select(self, candidates: DraftTree) -> DraftTree:
-        """The subtree to verify: connected, containing the root (root alone: a plain AR step)."""
+    def select(self, candidates: DraftTree, draft_ms: float) -> DraftTree:
+        """The subtree to verify: connected, containing the root (root alone: a plain AR step).
+        draft_ms: what drafting the candidates cost (already spent)."""
 
-    def feedback(self, verified: DraftTree, acceptance: Acceptance, verify_ms: float, routing: Routing) -> None:
-        """What the target accepted and what the verify pass cost."""
+    def feedback(
+        self, verified: DraftTree, acceptance: Acceptance, verify_ms: float, draft_ms: float, routing: Routing
+    ) -> None:
+        """What the target accepted and what the step cost."""
 
 
 class StaticController:
@@ -36,7 +39,9 @@ class StaticController:
     def candidate_budget(self, default: TreeBudget) -> TreeBudget:
         return self.budget
 
-    def select(self, candidates: DraftTree) -> DraftTree:
+    name = "static"
+
+    def select(self, candidates: DraftTree, draft_ms: float = 0.0) -> DraftTree:
         if candidates.num_drafted <= self.budget.max_nodes:
             return candidates
         # a node's cumulative score never exceeds its parent's, so the best-scored set is connected;
@@ -44,5 +49,5 @@ class StaticController:
         order = sorted(range(1, len(candidates)), key=lambda i: (-float(candidates.scores[i]), i))
         return candidates.subtree([0] + order[: self.budget.max_nodes])
 
-    def feedback(self, verified, acceptance, verify_ms, routing) -> None:
+    def feedback(self, verified, acceptance, verify_ms, draft_ms, routing) -> None:
         pass

@@ -108,7 +108,7 @@ class SpecDecoder:
     def _step(self, cache, root: int, remaining: int, sampling: SamplingConfig, generator) -> tuple[list[int], StepStats]:
         """One draft-verify-accept step; returns the tokens it produced and its stats."""
         t0 = time.perf_counter()
-        tree = self._draft(root, remaining, sampling)
+        tree = self._draft(root, remaining, sampling, t0)
         t1 = time.perf_counter()
         prefix_len = cache.get_seq_length()
         n = len(tree)
@@ -124,19 +124,19 @@ class SpecDecoder:
         if self.drafter is not None:
             path = torch.tensor(acceptance.path)
             self.drafter.commit(tree.tokens[path], out.features[0, path.to(out.features.device)])
-        verify_ms = (t2 - t1) * 1000
+        verify_ms, draft_ms = (t2 - t1) * 1000, (t1 - t0) * 1000
         if self.controller is not None:
-            self.controller.feedback(tree, acceptance, verify_ms, out.routing)
+            self.controller.feedback(tree, acceptance, verify_ms, draft_ms, out.routing)
         step = StepStats(
             tree_size=tree.num_drafted,
             accepted_length=acceptance.num_accepted + 1,
             verify_ms=verify_ms,
-            draft_ms=(t1 - t0) * 1000,
+            draft_ms=draft_ms,
             unique_experts_per_layer=tuple(out.routing.unique_per_layer()),
         )
         return acceptance.new_tokens(tree), step
 
-    def _draft(self, root: int, remaining: int, sampling: SamplingConfig) -> DraftTree:
+    def _draft(self, root: int, remaining: int, sampling: SamplingConfig, started: float) -> DraftTree:
         # a step produces at most depth + 1 tokens, so deeper drafts than remaining - 1 are waste
         if self.drafter is None or remaining <= 1:
             return DraftTree.root_only(root)
@@ -155,7 +155,7 @@ class SpecDecoder:
                 f"{tree.tokens[bad].unique().tolist()[:8]}"
             )
         if self.controller is not None:
-            tree = self.controller.select(tree)
+            tree = self.controller.select(tree, (time.perf_counter() - started) * 1000)
         if int(tree.depths.max()) > remaining - 1:
             keep = (tree.depths <= remaining - 1).nonzero().flatten()
             tree = tree.subtree(keep)

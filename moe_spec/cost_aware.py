@@ -1,0 +1,165 @@
+"""Controllers that price draft nodes with a profile: `truncate` (token-count cost) and `moe-aware`.
+
+Both read the same profile (calibrated acceptance, cost model, expert predictor) and learn the
+same bounded online corrections, so comparing them isolates what expert pricing and global
+best-first selection add.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import replace
+
+import torch
+
+from moe_spec.acceptance import Acceptance
+from moe_spec.cost_model import CostModel
+from moe_spec.drafters.base import TreeBudget
+from moe_spec.online_correction import AcceptanceCorrection, CostCorrection
+from moe_spec.routing import Routing
+from moe_spec.selection import StepPrices, best_first_subtree, best_prefix_by_score, subset_verify_ms
+from moe_spec.tree import DraftTree
+
+
+class _ProfiledController:
+    """Shared machinery: calibrated values with online correction, a cost model with online correction."""
+
+    def __init__(self, profile, adapt: bool = True, persist: bool = False):
+        if profile.calibration is None:
+            raise ValueError("this profile has no acceptance calibration (it was made without a drafter)")
+        self.profile = profile
+        self.adapt = adapt
+        self.persist = persist
+        self._fresh_corrections()
+
+    def _fresh_corrections(self) -> None:
+        self.acceptance_correction = AcceptanceCorrection()
+        self.cost_correction = CostCorrection()
+
+    def reset(self) -> None:
+        if not self.persist:
+            self._fresh_corrections()
+
+    def values(self, tree: DraftTree) -> torch.Tensor:
+        """[N] calibrated P(on accepted path), corrected per depth, kept non-increasing along paths."""
+        values = self.profile.calibrated_path_probability(tree).double().clone()
+        if self.adapt:
+            depths = tree.depths.tolist()
+            parents = tree.parents.tolist()
+            for i in range(1, len(tree)):
+                corrected = float(values[i]) * self.acceptance_correction.factor(depths[i])
+                values[i] = min(corrected, float(values[parents[i]]) if parents[i] > 0 else 1.0)
+        values[0] = 1.0
+        return values
+
+    def cost_model(self) -> CostModel:
+        base = self.profile.cost_model
+        if not self.adapt:
+            return base
+        f = self.cost_correction.factor
+        return replace(base, base_ms=base.base_ms * f, per_token_ms=base.per_token_ms * f,
+                       per_expert_ms=tuple(c * f for c in base.per_expert_ms))
+
+    def _learn(self, verified: DraftTree, acceptance: Acceptance, verify_ms: float) -> None:
+        if not self.adapt:
+            return
+        values = self.profile.calibrated_path_probability(verified)
+        on_path = set(acceptance.path)
+        for node, depth in enumerate(verified.depths.tolist()):
+            if node:
+                self.acceptance_correction.update(depth, float(values[node]), 1.0 if node in on_path else 0.0)
+        predicted = subset_verify_ms(self.profile.cost_model, list(range(len(verified))), self._expert_probs(verified))
+        self.cost_correction.update(predicted, verify_ms)
+
+    def _expert_probs(self, tree: DraftTree) -> torch.Tensor | None:
+        return self.profile.predicted_experts(tree) if self.profile.cost_model.num_layers else None
+
+
+class MoeAwareController(_ProfiledController):
+    """moe_spec's policy: best-first subtree over the whole candidate tree, each node priced by
+    the experts it newly activates (see `selection.py`); no speculation when that wins.
+
+    The candidate tree is sized by the same economics: the drafter expands one level deeper and
+    about twice as many nodes as recent steps chose to verify, so no draft time goes to nodes that
+    could never pay; after several steps that chose plain decoding, drafting pauses and only
+    probes now and then.
+    """
+
+    name = "moe-aware"
+
+    def __init__(self, profile, price_experts: bool = True, adapt: bool = True, persist: bool = False,
+                 recent_steps: int = 4, probe_every: int = 8):
+        super().__init__(profile, adapt=adapt, persist=persist)
+        self.price_experts = price_experts
+        self.recent_steps = recent_steps
+        self.probe_every = probe_every
+        self._fresh_history()
+
+    def _fresh_history(self) -> None:
+        self._recent: deque[tuple[int, int]] = deque(maxlen=self.recent_steps)  # (nodes, depth) chosen
+        self._plain_steps = 0
+        self._selected = False  # whether this step's tree went through `select`
+
+    def reset(self) -> None:
+        super().reset()
+        if not self.persist:
+            self._fresh_history()
+
+    def candidate_budget(self, default: TreeBudget) -> TreeBudget:
+        if len(self._recent) == self.recent_steps and all(nodes == 0 for nodes, _ in self._recent):
+            self._plain_steps += 1
+            if self._plain_steps % self.probe_every:
+                return TreeBudget(0, 0, default.branching)  # speculation has not paid lately: skip drafting
+        if len(self._recent) < self.recent_steps:
+            return default
+        nodes = max(nodes for nodes, _ in self._recent)
+        depth = max(depth for _, depth in self._recent)
+        return TreeBudget(min(default.max_nodes, max(8, 2 * nodes)), min(default.max_depth, depth + 1), default.branching)
+
+    def select(self, candidates: DraftTree, draft_ms: float) -> DraftTree:
+        prices = StepPrices(self.values(candidates), self._expert_probs(candidates) if self.price_experts else None, draft_ms)
+        keep = best_first_subtree(candidates, prices, self.cost_model())
+        chosen = candidates.subtree(keep)
+        self._recent.append((chosen.num_drafted, int(chosen.depths.max())))
+        self._selected = True
+        if chosen.num_drafted:
+            self._plain_steps = 0
+        return chosen
+
+    def feedback(self, verified: DraftTree, acceptance: Acceptance, verify_ms: float, draft_ms: float, routing: Routing) -> None:
+        if verified.num_drafted:
+            self._learn(verified, acceptance, verify_ms)
+        elif not self._selected:  # drafting was skipped (or nothing was drafted): a plain step
+            self._recent.append((0, 0))
+        self._selected = False
+
+
+class TruncateController(_ProfiledController):
+    """The EVICT idea, rebuilt from its description: draft EAGLE-2's tree, then keep its most
+    cost-effective prefix (in draft-score order) under a cost that depends on the token count only."""
+
+    name = "truncate"
+
+    def __init__(self, profile, token_cost, adapt: bool = True, persist: bool = False, budget: TreeBudget | None = None):
+        """token_cost: callable T -> verify ms for T tokens (a token-count-only latency curve)."""
+        super().__init__(profile, adapt=adapt, persist=persist)
+        self.token_cost = token_cost
+        self.budget = budget or TreeBudget(60, 5, 10)
+
+    def candidate_budget(self, default: TreeBudget) -> TreeBudget:
+        return self.budget
+
+    def select(self, candidates: DraftTree, draft_ms: float) -> DraftTree:
+        factor = self.cost_correction.factor if self.adapt else 1.0
+        keep = best_prefix_by_score(candidates, self.values(candidates), lambda t: factor * self.token_cost(t), draft_ms)
+        return candidates.subtree(keep)
+
+    def feedback(self, verified: DraftTree, acceptance: Acceptance, verify_ms: float, draft_ms: float, routing: Routing) -> None:
+        if not verified.num_drafted or not self.adapt:
+            return
+        values = self.profile.calibrated_path_probability(verified)
+        on_path = set(acceptance.path)
+        for node, depth in enumerate(verified.depths.tolist()):
+            if node:
+                self.acceptance_correction.update(depth, float(values[node]), 1.0 if node in on_path else 0.0)
+        self.cost_correction.update(self.token_cost(len(verified)), verify_ms)

@@ -1,0 +1,114 @@
+"""Choosing which drafted nodes to verify: the economics of one speculative step, as pure functions.
+
+A step verifies a connected subtree S of the candidate tree (root always included) and
+produces on average 1 + sum_{i in S, i != root} v_i tokens, where v_i is the calibrated
+probability that node i lies on the accepted path (the 1 is the bonus token). It costs the
+draft time d (already spent when we choose) plus the verify time
+
+    t(S) = base_ms + per_token_ms * |S| + sum_l per_expert_ms[l] * U_l(S),
+
+U_l(S) = sum_e 1 - prod_{i in S} (1 - p_{l,i,e}) being the expected number of distinct experts
+layer l loads for S (p: predicted routing probabilities). The controller maximises the step's
+throughput (1 + V(S)) / (d + t(S)).
+
+Adding node j raises the value by v_j and the time by per_token_ms plus the experts it adds
+that S does not load yet: sum_l per_expert_ms[l] * sum_e p_{l,j,e} * prod_{i in S} (1 - p_{l,i,e}).
+`best_first_subtree` grows S from the root, each time adding the frontier node with the best
+marginal value per marginal millisecond, over the whole tree at once (no per-depth top-k), and
+returns the best set seen along the way; unlike stopping at the first node that does not pay,
+this also finds sets where a cheap node only pays together with its children.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from moe_spec.cost_model import CostModel
+from moe_spec.tree import DraftTree
+
+
+@dataclass(frozen=True)
+class StepPrices:
+    """What the controller knows about one candidate tree."""
+
+    values: torch.Tensor  # [N] float: calibrated P(node on the accepted path); root's entry is ignored
+    expert_probs: torch.Tensor | None  # [L, N, E] predicted routing probabilities; None: dense or not priced
+    draft_ms: float  # draft time already spent on this step
+
+
+def throughput(value: float, draft_ms: float, verify_ms: float) -> float:
+    """Expected tokens per ms of a step producing `value` tokens on average."""
+    return value / max(draft_ms + verify_ms, 1e-9)
+
+
+def subset_verify_ms(cost: CostModel, keep: list[int], expert_probs: torch.Tensor | None) -> float:
+    """t(S) for node indices `keep` (root included)."""
+    if expert_probs is None or cost.num_layers == 0:
+        return cost.base_ms + cost.per_token_ms * len(keep)
+    probs = expert_probs[:, keep].double()  # [L, |S|, E]
+    unique = (1.0 - torch.prod(1.0 - probs, dim=1)).sum(-1)  # [L]
+    return cost.predict_ms(len(keep), unique)
+
+
+def subset_objective(cost: CostModel, prices: StepPrices, keep: list[int]) -> float:
+    value = 1.0 + float(prices.values[[k for k in keep if k != 0]].sum()) if len(keep) > 1 else 1.0
+    return throughput(value, prices.draft_ms, subset_verify_ms(cost, keep, prices.expert_probs))
+
+
+def best_first_subtree(tree: DraftTree, prices: StepPrices, cost: CostModel, max_nodes: int | None = None) -> list[int]:
+    """Node indices (root first) of the subtree chosen by best-first growth; see module docstring."""
+    n = len(tree)
+    limit = n - 1 if max_nodes is None else min(max_nodes, n - 1)
+    values = prices.values.double()
+    per_expert = torch.as_tensor(cost.expert_weights().copy(), dtype=torch.float64) if cost.num_layers else None
+    probs = prices.expert_probs.double() if prices.expert_probs is not None and per_expert is not None else None
+    if probs is not None:
+        miss = 1.0 - probs[:, 0]  # [L, E]: chance no chosen node loads the expert yet
+        verify = cost.predict_ms(1, (1.0 - miss).sum(-1))
+    else:
+        verify = cost.base_ms + cost.per_token_ms
+    value = 1.0
+    chosen = [0]
+    best_rate, best_size = throughput(value, prices.draft_ms, verify), 1
+    in_frontier = torch.zeros(n, dtype=torch.bool)
+    in_frontier[tree.parents == 0] = True
+    in_frontier[0] = False
+    while len(chosen) - 1 < limit and bool(in_frontier.any()):
+        frontier = in_frontier.nonzero().flatten()  # [F]
+        added_ms = torch.full((frontier.numel(),), cost.per_token_ms, dtype=torch.float64)
+        if probs is not None:
+            new_experts = (probs[:, frontier] * miss[:, None]).sum(-1)  # [L, F]
+            added_ms = added_ms + (per_expert[:, None] * new_experts).sum(0)
+        gain = values[frontier] / added_ms.clamp(min=1e-9)
+        pick = int(gain.argmax())
+        node = int(frontier[pick])
+        chosen.append(node)
+        value += float(values[node])
+        verify += float(added_ms[pick])
+        if probs is not None:
+            miss = miss * (1.0 - probs[:, node])
+        in_frontier[node] = False
+        in_frontier[tree.parents == node] = True
+        rate = throughput(value, prices.draft_ms, verify)
+        if rate > best_rate:
+            best_rate, best_size = rate, len(chosen)
+    return chosen[:best_size]
+
+
+def best_prefix_by_score(tree: DraftTree, values: torch.Tensor, verify_ms_for_tokens, draft_ms: float) -> list[int]:
+    """The EVICT-style cut: order drafted nodes by draft score (EAGLE-2's rerank), keep the prefix
+    with the highest expected tokens per ms under a cost that depends on the token count only.
+
+    verify_ms_for_tokens: callable T -> ms for a verify pass of T tokens (root included).
+    """
+    order = sorted(range(1, len(tree)), key=lambda i: (-float(tree.scores[i]), i))
+    cumulative = 1.0
+    best_rate, best_size = throughput(1.0, draft_ms, verify_ms_for_tokens(1)), 0
+    for size, node in enumerate(order, start=1):
+        cumulative += float(values[node])
+        rate = throughput(cumulative, draft_ms, verify_ms_for_tokens(size + 1))
+        if rate > best_rate:
+            best_rate, best_size = rate, size
+    return [0] + order[:best_size]
