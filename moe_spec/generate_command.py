@@ -40,8 +40,6 @@ def run(args: argparse.Namespace) -> dict:
         input_ids = torch.tensor([[int(t) for t in args.prompt_ids.split()]])
     target = TargetModel(model)
     drafter_spec = args.drafter
-    if drafter_spec == "default" and args.model is not None:
-        drafter_spec = "lookup"  # the embedded head only fits the embedded target
     decoder = SpecDecoder(target, drafter=load_drafter(drafter_spec, target))
     result = decoder.generate(
         input_ids,
