@@ -99,7 +99,8 @@ class CostModel:
         """Least-squares fit of the coefficients to timed samples.
 
         relative=True weights each sample by 1 / ms, i.e. minimises squared *relative* error,
-        which is what the 10% accuracy goal is stated in. per_layer fits one expert cost per MoE
+        which is what the 10% accuracy goal is stated in. Coefficients are kept >= 0 (a negative
+        cost per expert would reward activating more experts). per_layer fits one expert cost per MoE
         layer; it needs samples whose U differs between layers (natural trees), else the layers'
         columns are collinear and least squares splits the cost evenly (minimum-norm solution).
         """
@@ -112,7 +113,7 @@ class CostModel:
         if relative:
             weight = 1.0 / np.maximum(target, 1e-9)
             design, target = design * weight[:, None], target * weight
-        coef, *_ = np.linalg.lstsq(design, target, rcond=None)
+        coef = _nonnegative_least_squares(design, target)
         per_expert = tuple(float(c) for c in coef[2:]) if num_layers else (0.0,)
         return CostModel(float(coef[0]), float(coef[1]), per_expert or (0.0,), num_layers)
 
@@ -126,6 +127,20 @@ def _design(samples: Sequence[CostSample], per_layer: bool) -> tuple[np.ndarray,
         [np.ones_like(tokens), tokens]
     )
     return design, np.array([s.ms for s in samples], dtype=np.float64)
+
+
+def _nonnegative_least_squares(design: np.ndarray, target: np.ndarray) -> np.ndarray:
+    """min ||design @ coef - target|| with coef >= 0, by dropping the most negative column until
+    none is negative (an active-set method; exact for the few, mostly positive terms here)."""
+    active = list(range(design.shape[1]))
+    coef = np.zeros(design.shape[1])
+    while active:
+        solution, *_ = np.linalg.lstsq(design[:, active], target, rcond=None)
+        if (solution >= 0).all():
+            coef[active] = solution
+            break
+        active.pop(int(np.argmin(solution)))
+    return coef
 
 
 def expected_unique_experts(probabilities: torch.Tensor) -> torch.Tensor:

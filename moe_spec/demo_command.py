@@ -12,7 +12,8 @@ import argparse
 import json
 
 from moe_spec.bench.methods import MethodContext, build_method
-from moe_spec.bench.prompts import BenchPrompt, build_prompt_sets, load_prompts
+from moe_spec.bench.prompts import build_prompt_sets
+from moe_spec.prompt_file import Prompt, load_prompts
 from moe_spec.bench.report import build_report, format_table
 from moe_spec.bench.runner import RunSettings, run_methods
 from moe_spec.errors import InputError
@@ -92,7 +93,7 @@ def _check_embedded_pair(args: argparse.Namespace) -> None:
         )
 
 
-def _prompts(path: str | None, tokenizer) -> list[BenchPrompt]:
+def _prompts(path: str | None, tokenizer) -> list[Prompt]:
     if path is not None:
         return load_prompts(path, limit_per_class=1)[: len(PROMPT_CLASSES)]
     if tokenizer is None:

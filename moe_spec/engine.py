@@ -17,7 +17,7 @@ from transformers import PreTrainedModel
 
 from moe_spec.acceptance import accept
 from moe_spec.controller import Controller
-from moe_spec.drafters.base import Drafter, TreeBudget
+from moe_spec.drafters.base import Drafter
 from moe_spec.errors import DrafterError, InputError
 from moe_spec.kv_cache import keep_accepted_path
 from moe_spec.sampling import SamplingConfig, probabilities, sample

@@ -129,9 +129,12 @@ class Profile:
         return self.expert_table.predict(tree)
 
     def predict_verify_ms(self, tree) -> float:
-        """Verify time of `tree` in ms, with its experts predicted from the token ids."""
+        """Verify time of `tree` in ms, with its experts predicted from the token ids (as top-K sets
+        or as probabilities, whichever predicted unique-expert counts better on held-out trees)."""
         if self.expert_table is None:
             return self.cost_model.predict_ms(len(tree), [])
+        if self.details.get("expert_predictor", {}).get("pricing") == "topk":
+            return self.cost_model.predict(tree, self.expert_table.predict_onehot(tree))
         return self.cost_model.predict(tree, self.expert_table.predict(tree))
 
     def save(self, path: str | Path) -> Path:

@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 
 from moe_spec.bench.methods import METHODS, parse_methods
-from moe_spec.bench.prompts import CLASSES, MAX_TOKENS, MIN_TOKENS, build_prompt_sets, load_prompts
+from moe_spec.bench.prompts import CLASSES, MAX_TOKENS, MIN_TOKENS, build_prompt_sets
+from moe_spec.prompt_file import load_prompts
 from moe_spec.bench.runner import method_order
 from moe_spec.cli import main
 from moe_spec.errors import InputError

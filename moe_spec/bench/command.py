@@ -16,7 +16,7 @@ import torch
 import transformers
 
 from moe_spec.bench.methods import MethodContext, build_method, parse_methods
-from moe_spec.bench.prompts import load_prompts
+from moe_spec.prompt_file import load_prompts
 from moe_spec.bench.report import build_report, format_report, summary_line
 from moe_spec.bench.runner import RunSettings, run_methods
 from moe_spec.errors import InputError

@@ -1,8 +1,4 @@
-"""Benchmark prompt sets: reading them, and building them from the held-out corpus.
-
-A prompt file is JSON lines, one prompt per line: `prompt` (text, encoded with the target's
-tokenizer) or `prompt_ids` (token ids, for tokenizer-less tiny models), an optional `class`
-(default "all") and any other keys, which are kept as metadata.
+"""Benchmark prompt sets, built from the held-out corpus (the file format: `moe_spec.prompt_file`).
 
 The shipped sets are built from the held-out files of the corpus (modules the target never saw),
 in four classes that stress a drafter differently:
@@ -25,78 +21,16 @@ import ast
 import bisect
 import json
 import random
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
-import torch
 
-from moe_spec.errors import InputError
+from moe_spec.prompt_file import Prompt
 from moe_spec.training.corpus import Corpus, SourceFile, load_corpus
 
 CLASSES = ("code", "prose", "copy", "random")
 MIN_TOKENS, MAX_TOKENS = 150, 300
 _TARGET_TOKENS = (170, 270)  # drawn per prompt; cuts land on line starts, so lengths stray a little
-
-
-@dataclass(frozen=True)
-class BenchPrompt:
-    prompt_class: str
-    text: str | None = None
-    ids: tuple[int, ...] | None = None
-    meta: dict = field(default_factory=dict, compare=False)
-
-    def input_ids(self, tokenizer) -> torch.Tensor:
-        """[1, T] long: the given ids, or the text encoded as `moe-spec generate` encodes it."""
-        if self.ids is not None:
-            return torch.tensor([self.ids], dtype=torch.long)
-        if tokenizer is None:
-            raise InputError("the prompt file has text prompts but the model folder has no tokenizer; "
-                             "give `prompt_ids` instead")
-        return tokenizer(self.text, return_tensors="pt").input_ids
-
-    def to_json(self) -> dict:
-        body = {"prompt": self.text} if self.text is not None else {"prompt_ids": list(self.ids)}
-        return {"class": self.prompt_class, **body, **self.meta}
-
-
-def load_prompts(path: str | Path, limit_per_class: int | None = None) -> list[BenchPrompt]:
-    """The prompts of a JSON-lines file, in file order (the first `limit_per_class` of each class)."""
-    path = Path(path)
-    if not path.is_file():
-        raise InputError(f"no prompt file at {path}")
-    prompts: list[BenchPrompt] = []
-    taken: dict[str, int] = {}
-    for number, line in enumerate(path.read_text().splitlines(), start=1):
-        if not line.strip():
-            continue
-        prompt = _parse_line(line, f"{path}:{number}")
-        if limit_per_class is not None and taken.get(prompt.prompt_class, 0) >= limit_per_class:
-            continue
-        taken[prompt.prompt_class] = taken.get(prompt.prompt_class, 0) + 1
-        prompts.append(prompt)
-    if not prompts:
-        raise InputError(f"{path} holds no prompts")
-    return prompts
-
-
-def _parse_line(line: str, where: str) -> BenchPrompt:
-    try:
-        raw = json.loads(line)
-    except json.JSONDecodeError as error:
-        raise InputError(f"{where}: not JSON ({error})") from None
-    if not isinstance(raw, dict):
-        raise InputError(f"{where}: expected a JSON object")
-    text, ids = raw.pop("prompt", None), raw.pop("prompt_ids", None)
-    prompt_class = str(raw.pop("class", "all"))
-    if (text is None) == (ids is None):
-        raise InputError(f"{where}: give exactly one of `prompt` (text) and `prompt_ids`")
-    if text is not None and (not isinstance(text, str) or not text):
-        raise InputError(f"{where}: `prompt` must be a non-empty string")
-    if ids is not None:
-        if not isinstance(ids, list) or not ids or not all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
-            raise InputError(f"{where}: `prompt_ids` must be a non-empty list of integers")
-        ids = tuple(ids)
-    return BenchPrompt(prompt_class, text, ids, raw)
 
 
 # -- building the shipped sets -----------------------------------------------------------------
@@ -174,11 +108,11 @@ def _prose_lines(tree: ast.AST, lines: list[str]) -> list[int]:
     return sorted(found)
 
 
-def _cut_prompts(files: list[_Tokenized], lines_of, rng: random.Random, n: int, tokenizer, name: str) -> list[BenchPrompt]:
+def _cut_prompts(files: list[_Tokenized], lines_of, rng: random.Random, n: int, tokenizer, name: str) -> list[Prompt]:
     candidates = [(i, line) for i, f in enumerate(files) for line in lines_of(f)]
     rng.shuffle(candidates)
     used_files: set[int] = set()
-    prompts: list[BenchPrompt] = []
+    prompts: list[Prompt] = []
     for i, line in candidates:
         if i in used_files:
             continue
@@ -192,12 +126,12 @@ def _cut_prompts(files: list[_Tokenized], lines_of, rng: random.Random, n: int, 
     raise ValueError(f"the held-out files yield only {len(prompts)} {name!r} prompts, {n} wanted")
 
 
-def _copy_prompts(files: list[_Tokenized], rng: random.Random, n: int, tokenizer) -> list[BenchPrompt]:
+def _copy_prompts(files: list[_Tokenized], rng: random.Random, n: int, tokenizer) -> list[Prompt]:
     """A block of function-body lines, a blank line, then the block's first few lines again."""
     candidates = [(i, line) for i, f in enumerate(files) for line in _statement_lines(f.tree)]
     rng.shuffle(candidates)
     used_files: set[int] = set()
-    prompts: list[BenchPrompt] = []
+    prompts: list[Prompt] = []
     for i, line in candidates:
         if i in used_files:
             continue
@@ -226,7 +160,7 @@ def _end_at_line_start(text: str, tokenizer) -> str:
     return text[: tokenized.cut_before_line(len(lines) - 1)]
 
 
-def _random_prompts(rng: random.Random, n: int, tokenizer) -> list[BenchPrompt]:
+def _random_prompts(rng: random.Random, n: int, tokenizer) -> list[Prompt]:
     special = set(tokenizer.all_special_ids)
     vocabulary = [i for i in range(len(tokenizer)) if i not in special and "\ufffd" not in tokenizer.decode([i])]
     prompts = []
@@ -243,13 +177,13 @@ def _count(tokenizer, text: str) -> int:
     return len(tokenizer(text).input_ids)
 
 
-def _prompt(name: str, text: str, tokenizer, source: str) -> BenchPrompt:
-    return BenchPrompt(name, text, meta={"source": source, "n_tokens": _count(tokenizer, text)})
+def _prompt(name: str, text: str, tokenizer, source: str) -> Prompt:
+    return Prompt(name, text, meta={"source": source, "n_tokens": _count(tokenizer, text)})
 
 
 def build_prompt_sets(
     tokenizer, per_class: int = 8, seed: int = 0, classes: tuple[str, ...] = CLASSES, corpus: Corpus | None = None
-) -> list[BenchPrompt]:
+) -> list[Prompt]:
     """`per_class` prompts of each class from the held-out corpus, class by class; deterministic.
 
     `tokenizer` is a fast (offset-reporting) tokenizer, the target's.
@@ -266,13 +200,13 @@ def build_prompt_sets(
         "copy": lambda rng: _copy_prompts(files, rng, per_class, tokenizer),
         "random": lambda rng: _random_prompts(rng, per_class, tokenizer),
     }
-    prompts: list[BenchPrompt] = []
+    prompts: list[Prompt] = []
     for name in classes:
         prompts.extend(builders[name](random.Random(f"{seed}:{name}")))
     return prompts
 
 
-def write_prompts(prompts: list[BenchPrompt], path: str | Path) -> None:
+def write_prompts(prompts: list[Prompt], path: str | Path) -> None:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("".join(json.dumps(p.to_json(), ensure_ascii=False) + "\n" for p in prompts))

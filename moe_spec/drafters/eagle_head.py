@@ -252,3 +252,171 @@ class EagleHead(nn.Module):
         head = EagleHead(config, state["draft_to_target"])
         head.load_state_dict({k: (v.to(dtype) if v.is_floating_point() else v) for k, v in state.items()})
         return head.to(dtype).eval()
+
+
+class HeadRunner:
+    """Inference-only forward of an `EagleHead` over a preallocated key/value buffer.
+
+    The same math as `EagleHead.forward` (the decoder layer written out op by op, q/k/v and
+    gate/up each in one matmul, rotary cos/sin from a table), without HF's module and cache
+    plumbing: the drafter's per-depth cost is mostly that overhead at these sizes. Keys and values
+    live in `[1, H, capacity, head_dim]` buffers written by index (gpt-fast style); `length` columns
+    are the committed pairs, and everything past them is scratch that the next write overwrites,
+    so dropping drafts is just not advancing `length`. Training keeps using `EagleHead.forward`.
+
+    `extend` appends pairs causally and returns only the last pair's h (the other pairs' h is never
+    read: a later pair reads the target's features, not h); `draft` runs rows that all sit at one
+    position and see the committed pairs plus the tree columns their mask allows.
+    """
+
+    def __init__(self, head: EagleHead, embed: nn.Module):
+        self.head = head
+        self.embed = embed
+        self.length = 0  # committed key/value columns
+        self.rows_extended = 0  # rows run by `extend` (committed pairs and root pairs)
+        self.rows_drafted = 0  # rows run by `draft` (expanded tree nodes)
+        self._weights_key = None
+        self._k = self._v = None  # [1, H, capacity, head_dim]
+        self._cos = self._sin = None  # [positions, head_dim]
+
+    # -- state ------------------------------------------------------------------------------
+
+    def reset(self) -> None:
+        self.length = 0
+
+    def refresh(self) -> None:
+        """(Re)build the fused weights when the head's parameters changed (trained, moved, cast)."""
+        head = self.head
+        params = [p for p in head.parameters()] + [self.embed.weight]
+        key = tuple((p.data_ptr(), p._version, p.dtype, p.device) for p in params)
+        if key == self._weights_key:
+            return
+        layer, attn, mlp = head.layer, head.layer.self_attn, head.layer.mlp
+        if any(m.bias is not None for m in (attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj,
+                                            mlp.gate_proj, mlp.up_proj, mlp.down_proj)):
+            raise NotImplementedError("HeadRunner assumes bias-free projections, as EagleConfig builds them")
+        self.dtype = head.proj.weight.dtype
+        self.device = head.proj.weight.device
+        self.num_heads = head.config.num_attention_heads
+        self.head_dim = attn.head_dim
+        self.scaling = attn.scaling
+        self.intermediate = mlp.intermediate_size
+        self.act = mlp.act_fn
+        self.qkv_w = torch.cat([attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight]).detach()
+        self.gate_up_w = torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]).detach()
+        self.o_w, self.down_w = attn.o_proj.weight.detach(), mlp.down_proj.weight.detach()
+        self.proj_w, self.fc_w = head.proj.weight.detach(), head.fc.weight.detach()
+        self.lm_w = head.lm_head.weight.detach()
+        self.norms = {name: (m.weight.detach(), m.variance_epsilon) for name, m in (
+            ("g", head.feature_norm), ("e", head.embed_norm), ("in", layer.input_layernorm),
+            ("post", layer.post_attention_layernorm), ("out", head.norm))}
+        self.embed_w = self.embed.weight.detach()
+        self.d2t = head.draft_to_target
+        self._cos = self._sin = None
+        if self._k is not None and (self._k.dtype != self.dtype or self._k.device != self.device):
+            self._k = self._v = None
+            self.length = 0
+        self._weights_key = key
+
+    def reserve(self, columns: int, keep: int | None = None) -> None:
+        """Make room for `columns` key/value columns, keeping the first `keep` (default: the committed ones)."""
+        if self._k is not None and self._k.shape[2] >= columns:
+            return
+        keep = self.length if keep is None else keep
+        capacity = max(columns, 2 * (self._k.shape[2] if self._k is not None else 128))
+        shape = (1, self.num_heads, capacity, self.head_dim)
+        k = torch.zeros(shape, dtype=self.dtype, device=self.device)
+        v = torch.zeros(shape, dtype=self.dtype, device=self.device)
+        if self._k is not None and keep:
+            k[:, :, :keep] = self._k[:, :, :keep]
+            v[:, :, :keep] = self._v[:, :, :keep]
+        self._k, self._v = k, v
+
+    def _rotary(self, positions: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos, sin [>= positions, head_dim]: the head's own rotary module, evaluated once per position."""
+        if self._cos is None or self._cos.shape[0] < positions:
+            n = max(positions, 2 * (self._cos.shape[0] if self._cos is not None else 512))
+            probe = torch.empty(0, dtype=self.dtype, device=self.device)
+            cos, sin = self.head.rotary(probe, torch.arange(n, device=self.device)[None])
+            self._cos, self._sin = cos[0], sin[0]
+        return self._cos, self._sin
+
+    # -- math (mirrors EagleHead.forward / LlamaDecoderLayer) ---------------------------------
+
+    def _norm(self, name: str, x: torch.Tensor) -> torch.Tensor:
+        weight, eps = self.norms[name]
+        dtype = x.dtype
+        x = x.to(torch.float32)
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
+        return weight * x.to(dtype)
+
+    def fuse(self, features: torch.Tensor) -> torch.Tensor:
+        """[..., S, D] -> [..., D], as `EagleHead.fuse`."""
+        return torch.nn.functional.linear(features.flatten(-2).to(self.dtype), self.fc_w)
+
+    def logits(self, h: torch.Tensor) -> torch.Tensor:
+        return torch.nn.functional.linear(self._norm("out", h), self.lm_w)
+
+    def _input(self, g: torch.Tensor, token_ids: torch.Tensor) -> torch.Tensor:
+        """[N, D], [N] target ids -> x [N, D], the decoder layer's input."""
+        embeds = self.embed_w.index_select(0, token_ids)
+        both = torch.cat([self._norm("g", g.to(self.dtype)), self._norm("e", embeds.to(self.dtype))], dim=-1)
+        return torch.nn.functional.linear(both, self.proj_w)
+
+    def _qkv(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
+        """x [N, D] (the residual stream); cos/sin [N or 1, hd] -> q, k, v [1, H, N, hd] with rotary applied."""
+        n, h, hd = x.shape[0], self.num_heads, self.head_dim
+        qkv = torch.nn.functional.linear(self._norm("in", x), self.qkv_w)  # [N, 3 H hd]
+        q, k, v = qkv.view(n, 3, h, hd).permute(1, 2, 0, 3).unsqueeze(1).unbind(0)  # each [1, H, N, hd]
+        half = hd // 2
+        q = q * cos + torch.cat([-q[..., half:], q[..., :half]], dim=-1) * sin
+        k = k * cos + torch.cat([-k[..., half:], k[..., :half]], dim=-1) * sin
+        return q, k, v
+
+    def _finish(self, x: torch.Tensor, q: torch.Tensor, columns: int, mask: torch.Tensor | None) -> torch.Tensor:
+        """Attention of q [1, H, M, hd] over the first `columns` buffered keys, then o_proj, MLP, residuals."""
+        m = q.shape[2]
+        out = torch.nn.functional.scaled_dot_product_attention(
+            q, self._k[:, :, :columns], self._v[:, :, :columns], attn_mask=mask, scale=self.scaling)
+        out = out.transpose(1, 2).reshape(m, -1)
+        x = x + torch.nn.functional.linear(out, self.o_w)
+        gate, up = torch.nn.functional.linear(self._norm("post", x), self.gate_up_w).split(self.intermediate, dim=-1)
+        return x + torch.nn.functional.linear(self.act(gate) * up, self.down_w)
+
+    # -- the two kinds of forward ---------------------------------------------------------------
+
+    def extend(self, g: torch.Tensor, token_ids: torch.Tensor) -> torch.Tensor:
+        """Append N pairs (g [N, D], target ids [N]) causally at positions length..length+N-1.
+
+        Returns h [D] of the last pair only. `length` advances by N.
+        """
+        n, start = token_ids.shape[0], self.length
+        self.reserve(start + n)
+        cos, sin = self._rotary(start + n)
+        x = self._input(g, token_ids)
+        q, k, v = self._qkv(x, cos[start: start + n], sin[start: start + n])
+        self._k[:, :, start: start + n] = k
+        self._v[:, :, start: start + n] = v
+        self.length = start + n
+        self.rows_extended += n
+        return self._finish(x[-1:], q[:, :, -1:], start + n, None)[0]  # the last row sees every column
+
+    def draft(self, g: torch.Tensor, token_ids: torch.Tensor, position: int, write_at: int,
+              tree_visible: torch.Tensor, tree_start: int) -> torch.Tensor:
+        """M tree rows (g [M, D], target ids [M]), all at `position`, written at columns write_at..+M.
+
+        tree_visible: [M, write_at + M - tree_start] bool, which of the columns from `tree_start`
+        each row sees; every row sees all columns before `tree_start`. Returns h [M, D].
+        """
+        m = token_ids.shape[0]
+        columns = write_at + m
+        self.reserve(columns, keep=write_at)
+        cos, sin = self._rotary(position + 1)
+        x = self._input(g, token_ids)
+        q, k, v = self._qkv(x, cos[position], sin[position])
+        self._k[:, :, write_at:columns] = k
+        self._v[:, :, write_at:columns] = v
+        mask = torch.zeros(m, columns, dtype=self.dtype, device=self.device)
+        mask[:, tree_start:].masked_fill_(~tree_visible, torch.finfo(self.dtype).min)
+        self.rows_drafted += m
+        return self._finish(x, q, columns, mask)

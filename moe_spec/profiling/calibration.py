@@ -5,7 +5,8 @@ nodes were accepted), so a controller pricing nodes by them stops far too early.
 depth bucket, a monotone (isotonic, pool-adjacent-violators) map from
 
 - the node's *conditional* draft probability q = exp(score - parent score) to the rate at which
-  its token equals the target's argmax at its parent ("conditionally accepted", see `trace.py`);
+  its token equals the target's argmax at its parent ("conditionally accepted", see `trace.py`),
+  over the nodes whose parent was reached (lay on the accepted path);
 - the node's *cumulative* draft probability exp(score) to the rate at which it lies on the
   accepted path (a direct estimate, kept to check the product below against).
 
@@ -38,9 +39,12 @@ def isotonic_regression(x: np.ndarray, y: np.ndarray, weight: np.ndarray | None 
     w = np.ones_like(y) if weight is None else np.asarray(weight, dtype=np.float64)
     if x.size == 0:
         raise ValueError("isotonic regression needs at least one point")
-    order = np.lexsort((y, x))
+    # points with equal x are one point (their weighted mean): a fit cannot separate them
+    unique_x, group = np.unique(x, return_inverse=True)
+    group_w = np.bincount(group, weights=w)
+    group_y = np.bincount(group, weights=w * y) / group_w
     means, weights, xs = [], [], []
-    for xi, yi, wi in zip(x[order], y[order], w[order]):
+    for xi, yi, wi in zip(unique_x, group_y, group_w):
         means.append(yi)
         weights.append(wi)
         xs.append(xi)
@@ -89,6 +93,7 @@ class NodeSamples:
     cumulative_q: np.ndarray  # draft probability of the node's whole path
     depth: np.ndarray  # int, >= 1
     conditional_accepted: np.ndarray  # bool
+    parent_reached: np.ndarray  # bool: the parent lies on the accepted path (root counts)
     on_path: np.ndarray  # bool
     step: np.ndarray  # int: index of the step the node came from
     group: np.ndarray  # int: prompt index, the unit of cross-fitting folds
@@ -107,6 +112,7 @@ class NodeSamples:
                     torch.exp(scores)[drafted].numpy(),
                     tree.depths[drafted].numpy(),
                     step.conditional_accepted[drafted].numpy(),
+                    step.on_path[tree.parents.clamp(min=0)][drafted].numpy(),
                     step.on_path[drafted].numpy(),
                     np.full(len(tree) - 1, index),
                     np.full(len(tree) - 1, step.prompt_index),
@@ -114,7 +120,8 @@ class NodeSamples:
             )
         if not parts:
             empty = np.zeros(0)
-            return NodeSamples(empty, empty, empty.astype(int), empty.astype(bool), empty.astype(bool), empty.astype(int), empty.astype(int))
+            flags = empty.astype(bool)
+            return NodeSamples(empty, empty, empty.astype(int), flags, flags, flags, empty.astype(int), empty.astype(int))
         columns = [np.concatenate(c) for c in zip(*parts)]
         return NodeSamples(*columns)
 
@@ -135,20 +142,26 @@ class AcceptanceCalibration:
 
     @staticmethod
     def fit(samples: NodeSamples, max_depth_bucket: int = 4, min_bucket_samples: int = 50) -> "AcceptanceCalibration":
-        """Buckets with fewer than `min_bucket_samples` nodes share the map fitted on all depths."""
+        """Conditional maps are fitted on nodes whose parent was reached (the chain rule's factors);
+        path maps on every node. A bucket with fewer than `min_bucket_samples` nodes uses the map
+        fitted on all depths."""
         if len(samples) == 0:
             raise ValueError("no drafted nodes to calibrate on (did the drafter propose anything?)")
         buckets = np.minimum(samples.depth, max_depth_bucket)
-        pooled_c = IsotonicMap.fit(samples.conditional_q, samples.conditional_accepted)
+        reached = samples.parent_reached  # never empty: the root's children have their parent reached
+        pooled_c = IsotonicMap.fit(samples.conditional_q[reached], samples.conditional_accepted[reached])
         pooled_p = IsotonicMap.fit(samples.cumulative_q, samples.on_path)
         conditional, path = [], []
         for bucket in range(1, max_depth_bucket + 1):
             mask = buckets == bucket
-            if mask.sum() >= min_bucket_samples:
-                conditional.append(IsotonicMap.fit(samples.conditional_q[mask], samples.conditional_accepted[mask]))
-                path.append(IsotonicMap.fit(samples.cumulative_q[mask], samples.on_path[mask]))
+            c_mask = mask & reached
+            if c_mask.sum() >= min_bucket_samples:
+                conditional.append(IsotonicMap.fit(samples.conditional_q[c_mask], samples.conditional_accepted[c_mask]))
             else:
                 conditional.append(pooled_c)
+            if mask.sum() >= min_bucket_samples:
+                path.append(IsotonicMap.fit(samples.cumulative_q[mask], samples.on_path[mask]))
+            else:
                 path.append(pooled_p)
         return AcceptanceCalibration(tuple(conditional), tuple(path), max_depth_bucket)
 
@@ -224,13 +237,14 @@ class CalibrationReport:
     nodes: int
     steps: int
     folds: int
-    raw_conditional_ece: float  # raw conditional q vs conditional acceptance
-    calibrated_conditional_ece: float  # cross-fitted
+    raw_conditional_ece: float  # raw conditional q vs conditional acceptance, nodes whose parent was reached
+    calibrated_conditional_ece: float  # cross-fitted, same nodes
     raw_path_ece: float  # raw cumulative q vs on-path
     calibrated_path_ece: float  # cross-fitted product of conditionals vs on-path
     direct_path_ece: float  # cross-fitted direct path map vs on-path
     raw_sum_per_step: float  # mean over steps of sum of raw cumulative q over drafted nodes
-    calibrated_sum_per_step: float  # same, cross-fitted calibrated path probabilities
+    calibrated_sum_per_step: float  # same, cross-fitted calibrated path probabilities (product)
+    direct_sum_per_step: float  # same, cross-fitted direct path map
     accepted_per_step: float  # mean accepted drafted nodes per step (bonus excluded), same steps
 
     def to_dict(self) -> dict:
@@ -263,6 +277,7 @@ def cross_fitted_report(
     valid = ~np.isnan(conditional)
     s = samples.subset(valid)
     steps_valid = np.unique(s.step)
+    r = s.parent_reached
     nan = float("nan")
 
     def per_step_sum(values: np.ndarray) -> float:
@@ -272,13 +287,14 @@ def cross_fitted_report(
         nodes=len(s),
         steps=len(steps),
         folds=folds,
-        raw_conditional_ece=expected_calibration_error(s.conditional_q, s.conditional_accepted),
-        calibrated_conditional_ece=expected_calibration_error(conditional[valid], s.conditional_accepted),
+        raw_conditional_ece=expected_calibration_error(s.conditional_q[r], s.conditional_accepted[r]),
+        calibrated_conditional_ece=expected_calibration_error(conditional[valid][r], s.conditional_accepted[r]),
         raw_path_ece=expected_calibration_error(s.cumulative_q, s.on_path),
         calibrated_path_ece=expected_calibration_error(path_product[valid], s.on_path),
         direct_path_ece=expected_calibration_error(direct[valid], s.on_path),
         raw_sum_per_step=per_step_sum(s.cumulative_q),
         calibrated_sum_per_step=per_step_sum(path_product[valid]),
+        direct_sum_per_step=per_step_sum(direct[valid]),
         accepted_per_step=per_step_sum(s.on_path.astype(np.float64)),
     )
 

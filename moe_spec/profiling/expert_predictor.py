@@ -76,6 +76,12 @@ class TokenExpertTable:
         """[L, N, E] probability that node n activates expert e in layer l."""
         return self.predict_tokens(tree.tokens)
 
+    def predict_onehot(self, tree: DraftTree) -> torch.Tensor:
+        """[L, N, E] 0/1: each node's K most likely experts per layer (a sharper input for pricing
+        than `predict`, whose small probabilities add up over many nodes)."""
+        top = self.predict_sets(tree.tokens)
+        return torch.zeros(self.num_layers, len(tree), self.num_experts).scatter_(2, top, 1.0)
+
     def predict_sets(self, tokens: torch.Tensor) -> torch.Tensor:
         """[L, N, K] long: each node's K most likely experts per layer."""
         return self.predict_tokens(tokens).topk(self.top_k, dim=-1).indices
@@ -106,7 +112,8 @@ class PredictorReport:
     node_recall_unseen: float
     union_recall: tuple[float, ...]  # [L] share of the tree's actual experts in the predicted union
     union_precision: tuple[float, ...]  # [L] share of the predicted union actually activated
-    unique_relative_error: tuple[float, ...]  # [L] mean |expected U - actual U| / actual U
+    unique_relative_error: tuple[float, ...]  # [L] mean |expected U - actual U| / actual U, from `predict`
+    unique_relative_error_topk: tuple[float, ...]  # [L] same, U of the union of predicted top-K sets
     chance_recall: float  # K / E
     nodes: int
     trees: int
@@ -125,7 +132,7 @@ def evaluate_predictor(table: TokenExpertTable, steps: Sequence[TracedStep]) -> 
     hits = np.zeros(num_layers)
     hits_seen = hits_unseen = 0.0
     nodes = nodes_seen = nodes_unseen = 0
-    union_recall, union_precision, unique_error = [], [], []
+    union_recall, union_precision, unique_error, unique_error_topk = [], [], [], []
     for step in steps:
         tokens = step.tree.tokens
         predicted = table.predict_sets(tokens)  # [L, N, K]
@@ -147,6 +154,8 @@ def evaluate_predictor(table: TokenExpertTable, steps: Sequence[TracedStep]) -> 
         expected = expected_unique_experts(table.predict_tokens(tokens))  # [L]
         actual_unique = act_union.sum(-1).double()
         unique_error.append(((expected - actual_unique).abs() / actual_unique).numpy())
+        topk_unique = pred_union.sum(-1).double()
+        unique_error_topk.append(((topk_unique - actual_unique).abs() / actual_unique).numpy())
     nan = float("nan")
     return PredictorReport(
         node_recall=tuple((hits / max(nodes, 1)).tolist()),
@@ -155,6 +164,7 @@ def evaluate_predictor(table: TokenExpertTable, steps: Sequence[TracedStep]) -> 
         union_recall=tuple(np.mean(union_recall, axis=0).tolist()) if steps else (),
         union_precision=tuple(np.mean(union_precision, axis=0).tolist()) if steps else (),
         unique_relative_error=tuple(np.mean(unique_error, axis=0).tolist()) if steps else (),
+        unique_relative_error_topk=tuple(np.mean(unique_error_topk, axis=0).tolist()) if steps else (),
         chance_recall=top_k / num_experts,
         nodes=nodes,
         trees=len(steps),

@@ -1,7 +1,9 @@
 """Timing verify passes and draft steps the way a decode step sees them.
 
-Protocol: `warmup` untimed runs, then `repeats` timed runs, reporting the median. Before each
-run the KV cache is cut back to the prefix, and, when `evict_mb > 0`, a buffer larger than the
+Protocol: `warmup` untimed runs, then `repeats` timed runs, reporting the minimum (the time
+the pass needs when nothing else competes; robust to other jobs on a shared machine) or the
+median; both are recorded. Repeats of different configurations are interleaved. After each run the KV
+cache is cut back to the prefix; before it, when `evict_mb > 0`, a buffer larger than the
 last-level cache is written so the weights are read from memory rather than cache, as in a real
 decode step where the drafter and the rest of the step ran in between ("cold weights").
 """
@@ -16,7 +18,6 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from moe_spec.cost_model import CostSample
 from moe_spec.drafters.base import Drafter, TreeBudget
 from moe_spec.profiling.forced_routing import ForcedRouting, feasible, forced_assignment
 from moe_spec.sampling import SamplingConfig
@@ -29,9 +30,12 @@ class TimingConfig:
     repeats: int = 5
     warmup: int = 1
     evict_mb: int = 512  # 0: leave caches warm
+    # of the repeats. "min" by default: load from other jobs only ever adds time, and on a shared
+    # 2-core machine medians of the same pass varied 17-65 ms while minima held within a few %.
+    statistic: str = "min"
 
     def __post_init__(self):
-        if self.repeats < 1 or self.warmup < 0 or self.evict_mb < 0:
+        if self.repeats < 1 or self.warmup < 0 or self.evict_mb < 0 or self.statistic not in ("median", "min"):
             raise ValueError(f"invalid timing config {self}")
 
 
@@ -46,18 +50,53 @@ class CacheEvictor:
             self._buffer.add_(1)
 
 
-def timed_median(run: Callable[[], None], config: TimingConfig, evict: CacheEvictor) -> tuple[float, list[float]]:
-    """Median and all timed durations (ms) of `run` under the protocol above."""
+@dataclass(frozen=True)
+class Timing:
+    times_ms: tuple[float, ...]  # every timed repeat
+    unique_experts: tuple[int, ...]  # U per MoE layer in the timed pass
+
+    @property
+    def median_ms(self) -> float:
+        return statistics.median(self.times_ms)
+
+    @property
+    def min_ms(self) -> float:
+        return min(self.times_ms)
+
+    def ms(self, statistic: str) -> float:
+        return self.median_ms if statistic == "median" else self.min_ms
+
+
+def time_round_robin(
+    runs: Sequence[Callable[[], tuple[int, ...]]],
+    config: TimingConfig,
+    evict: CacheEvictor,
+    progress: Callable[[], None] = lambda: None,
+) -> list[Timing]:
+    """Time each run (a verify pass returning its unique experts per layer) `repeats` times.
+
+    Repeats are interleaved (every run once, then every run again, ...) so that a burst of load
+    from other processes spreads over all configurations instead of biasing one."""
+    unique: list[tuple[int, ...]] = [()] * len(runs)
     for _ in range(config.warmup):
-        evict()
-        run()
-    times = []
+        for run in runs:
+            evict()
+            run()
+    times: list[list[float]] = [[] for _ in runs]
     for _ in range(config.repeats):
-        evict()
-        start = time.perf_counter()
-        run()
-        times.append((time.perf_counter() - start) * 1000)
-    return statistics.median(times), times
+        for index, run in enumerate(runs):
+            evict()
+            start = time.perf_counter()
+            unique[index] = run()
+            times[index].append((time.perf_counter() - start) * 1000)
+        progress()
+    return [Timing(tuple(t), u) for t, u in zip(times, unique)]
+
+
+def timed_median(run: Callable[[], None], config: TimingConfig, evict: CacheEvictor) -> tuple[float, list[float]]:
+    """Median and all timed durations (ms) of one `run` under the protocol above."""
+    [timing] = time_round_robin([lambda: (run(), ())[1]], config, evict)
+    return timing.median_ms, list(timing.times_ms)
 
 
 def prefill_cache(target: TargetModel, prefix: torch.Tensor):
@@ -68,30 +107,26 @@ def prefill_cache(target: TargetModel, prefix: torch.Tensor):
     return cache
 
 
-def time_tree(
+def verify_run(
     target: TargetModel,
     cache,
     tree: DraftTree,
-    config: TimingConfig,
-    evict: CacheEvictor,
     forced: torch.Tensor | None = None,  # [L, N, K] routing to force, or None for natural routing
-) -> tuple[float, tuple[int, ...]]:
-    """Median verify time (ms) of `tree` on top of `cache`, and its unique experts per layer."""
+) -> Callable[[], tuple[int, ...]]:
+    """One verify pass of `tree` on top of `cache`, cut back to the prefix afterwards; returns U per layer."""
     prefix_len = cache.get_seq_length()
     mask, position_ids = ancestor_mask(tree)[None], (prefix_len + tree.depths)[None]
-    unique: list[tuple[int, ...]] = []
 
-    def run() -> None:
+    def run() -> tuple[int, ...]:
         if forced is None:
             out = target.forward_tree(cache, tree.tokens[None], mask, position_ids)
         else:
             with ForcedRouting(target.model, forced):
                 out = target.forward_tree(cache, tree.tokens[None], mask, position_ids)
         cache.crop(prefix_len - cache.get_seq_length())
-        unique.append(tuple(out.routing.unique_per_layer()))
+        return tuple(out.routing.unique_per_layer())
 
-    median, _ = timed_median(run, config, evict)
-    return median, unique[-1]
+    return run
 
 
 def random_tree(num_nodes: int, vocab_size: int, generator: torch.Generator) -> DraftTree:
@@ -101,53 +136,31 @@ def random_tree(num_nodes: int, vocab_size: int, generator: torch.Generator) -> 
     return DraftTree.from_lists(tokens, parents)
 
 
-@dataclass(frozen=True)
-class GridPoint:
-    num_tokens: int  # T
-    unique_per_layer: int  # U forced in every MoE layer
-    ms: float
-
-    def sample(self, num_layers: int) -> CostSample:
-        return CostSample(self.num_tokens, (self.unique_per_layer,) * num_layers, self.ms)
+def grid_configs(target: TargetModel, tokens_grid: Sequence[int], experts_grid: Sequence[int]) -> list[tuple[int, int]]:
+    """(T, U) pairs to time: infeasible ones (U < K or U > min(E, T*K)) skipped; U = 0 for a dense target."""
+    if not target.is_moe:
+        return [(t, 0) for t in tokens_grid]
+    return [(t, u) for t in tokens_grid for u in experts_grid if feasible(t, u, target.num_experts, target.top_k)]
 
 
-def latency_grid(
+def grid_runs(
     target: TargetModel,
     cache,
-    tokens_grid: Sequence[int],
-    experts_grid: Sequence[int],
-    config: TimingConfig,
-    evict: CacheEvictor,
+    configs: Sequence[tuple[int, int]],
     generator: torch.Generator,
-    progress: Callable[[], None] = lambda: None,
-) -> list[GridPoint]:
-    """Verify time over (T, U): T random-tree tokens, routing forced to U experts per layer.
-    Infeasible pairs (U < K or U > min(E, T*K)) are skipped; dense targets time T only."""
-    points = []
-    num_layers, num_experts, top_k = len(target.routers), target.num_experts, target.top_k
-    for num_tokens in tokens_grid:
-        tree = random_tree(num_tokens, target.vocab_size, generator)
-        if not target.is_moe:
-            ms, _ = time_tree(target, cache, tree, config, evict)
-            points.append(GridPoint(num_tokens, 0, ms))
-            progress()
-            continue
-        for unique in experts_grid:
-            if not feasible(num_tokens, unique, num_experts, top_k):
-                continue
-            forced = torch.stack([forced_assignment(num_tokens, unique, num_experts, top_k, generator) for _ in range(num_layers)])
-            ms, measured_unique = time_tree(target, cache, tree, config, evict, forced)
-            if set(measured_unique) != {unique}:
-                raise RuntimeError(f"forcing {unique} experts per layer gave {measured_unique}")
-            points.append(GridPoint(num_tokens, unique, ms))
-            progress()
-    return points
-
-
-def grid_size(target: TargetModel, tokens_grid: Sequence[int], experts_grid: Sequence[int]) -> int:
-    if not target.is_moe:
-        return len(tokens_grid)
-    return sum(feasible(t, u, target.num_experts, target.top_k) for t in tokens_grid for u in experts_grid)
+) -> list[Callable[[], tuple[int, ...]]]:
+    """One verify run per (T, U): a random tree of T tokens, routing forced to U experts in every layer."""
+    trees: dict[int, DraftTree] = {}
+    runs = []
+    for num_tokens, unique in configs:
+        tree = trees.setdefault(num_tokens, random_tree(num_tokens, target.vocab_size, generator))
+        forced = None
+        if target.is_moe:
+            forced = torch.stack(
+                [forced_assignment(num_tokens, unique, target.num_experts, target.top_k, generator) for _ in target.routers]
+            )
+        runs.append(verify_run(target, cache, tree, forced))
+    return runs
 
 
 @dataclass(frozen=True)

@@ -26,7 +26,7 @@ def plot_unique_experts(sizes, real_mean, random_mean, num_experts: int, path: P
     _save(fig, path)
 
 
-def plot_latency_heatmap(points: list[dict], path: Path) -> None:
+def plot_latency_heatmap(points: list[dict], path: Path, statistic: str = "min") -> None:
     tokens = sorted({p["T"] for p in points})
     experts = sorted({p["U"] for p in points})
     grid = np.full((len(experts), len(tokens)), np.nan)
@@ -41,7 +41,7 @@ def plot_latency_heatmap(points: list[dict], path: Path) -> None:
             ax.text(col, row, f"{value:.1f}", ha="center", va="center", fontsize=7, color="white")
     ax.set_xlabel("verified tokens T")
     ax.set_ylabel("unique experts per layer U (forced)")
-    fig.colorbar(image, ax=ax, label="verify ms (median)")
+    fig.colorbar(image, ax=ax, label=f"verify ms ({statistic} of repeats)")
     ax.set_title("Verify latency")
     _save(fig, path)
 

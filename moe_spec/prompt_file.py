@@ -1,0 +1,73 @@
+"""Prompt files: one JSON object per line with `prompt` (text) or `prompt_ids` (token ids), and an
+optional `class`; other keys are kept as metadata. Read by `bench`, `profile` and `demo`."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from moe_spec.errors import InputError
+
+
+@dataclass(frozen=True)
+class Prompt:
+    prompt_class: str
+    text: str | None = None
+    ids: tuple[int, ...] | None = None
+    meta: dict = field(default_factory=dict, compare=False)
+
+    def input_ids(self, tokenizer) -> torch.Tensor:
+        """[1, T] long: the given ids, or the text encoded as `moe-spec generate` encodes it."""
+        if self.ids is not None:
+            return torch.tensor([self.ids], dtype=torch.long)
+        if tokenizer is None:
+            raise InputError("the prompt file has text prompts but the model folder has no tokenizer; "
+                             "give `prompt_ids` instead")
+        return tokenizer(self.text, return_tensors="pt").input_ids
+
+    def to_json(self) -> dict:
+        body = {"prompt": self.text} if self.text is not None else {"prompt_ids": list(self.ids)}
+        return {"class": self.prompt_class, **body, **self.meta}
+
+
+def load_prompts(path: str | Path, limit_per_class: int | None = None) -> list[Prompt]:
+    """The prompts of a JSON-lines file, in file order (the first `limit_per_class` of each class)."""
+    path = Path(path)
+    if not path.is_file():
+        raise InputError(f"no prompt file at {path}")
+    prompts: list[Prompt] = []
+    taken: dict[str, int] = {}
+    for number, line in enumerate(path.read_text().splitlines(), start=1):
+        if not line.strip():
+            continue
+        prompt = _parse_line(line, f"{path}:{number}")
+        if limit_per_class is not None and taken.get(prompt.prompt_class, 0) >= limit_per_class:
+            continue
+        taken[prompt.prompt_class] = taken.get(prompt.prompt_class, 0) + 1
+        prompts.append(prompt)
+    if not prompts:
+        raise InputError(f"{path} holds no prompts")
+    return prompts
+
+
+def _parse_line(line: str, where: str) -> Prompt:
+    try:
+        raw = json.loads(line)
+    except json.JSONDecodeError as error:
+        raise InputError(f"{where}: not JSON ({error})") from None
+    if not isinstance(raw, dict):
+        raise InputError(f"{where}: expected a JSON object")
+    text, ids = raw.pop("prompt", None), raw.pop("prompt_ids", None)
+    prompt_class = str(raw.pop("class", "all"))
+    if (text is None) == (ids is None):
+        raise InputError(f"{where}: give exactly one of `prompt` (text) and `prompt_ids`")
+    if text is not None and (not isinstance(text, str) or not text):
+        raise InputError(f"{where}: `prompt` must be a non-empty string")
+    if ids is not None:
+        if not isinstance(ids, list) or not ids or not all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
+            raise InputError(f"{where}: `prompt_ids` must be a non-empty list of integers")
+        ids = tuple(ids)
+    return Prompt(prompt_class, text, ids, raw)

@@ -1,0 +1,98 @@
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from moe_spec.cost_model import CostModel, CostSample, expected_unique_experts, r_squared, relative_errors
+from moe_spec.tree import DraftTree
+
+
+def _synthetic(base, per_token, per_expert, num_layers, noise=0.0, seed=0):
+    rng = np.random.default_rng(seed)
+    samples = []
+    for tokens in (1, 2, 4, 8, 16, 32, 64):
+        for _ in range(4):
+            unique = tuple(int(u) for u in rng.integers(2, 64, size=num_layers))
+            ms = base + per_token * tokens + float(np.dot(np.broadcast_to(per_expert, (num_layers,)), unique))
+            samples.append(CostSample(tokens, unique, ms * (1 + noise * rng.standard_normal())))
+    return samples
+
+
+def test_fit_recovers_known_coefficients_exactly():
+    model = CostModel.fit(_synthetic(20.5, 0.22, 0.0343, num_layers=8))
+    assert model.base_ms == pytest.approx(20.5, rel=1e-6)
+    assert model.per_token_ms == pytest.approx(0.22, rel=1e-6)
+    assert model.per_expert_ms == pytest.approx((0.0343,), rel=1e-6)
+
+
+def test_fit_recovers_known_coefficients_from_noisy_timings():
+    samples = _synthetic(35.6, 0.45, 0.596, num_layers=8, noise=0.02, seed=1)
+    model = CostModel.fit(samples)
+    assert model.base_ms == pytest.approx(35.6, rel=0.15)
+    assert model.per_token_ms == pytest.approx(0.45, rel=0.25)
+    assert model.per_expert_ms[0] == pytest.approx(0.596, rel=0.05)
+    assert np.median(relative_errors(model, samples)) < 0.03
+    assert r_squared(model, samples) > 0.95
+
+
+def test_per_layer_fit_recovers_per_layer_expert_costs():
+    per_expert = np.array([0.1, 0.2, 0.05, 0.3])
+    model = CostModel.fit(_synthetic(5.0, 0.1, per_expert, num_layers=4), per_layer=True)
+    assert model.per_layer
+    assert model.per_expert_ms == pytest.approx(tuple(per_expert), rel=1e-6)
+    assert model.base_ms == pytest.approx(5.0, rel=1e-6)
+
+
+def test_predict_ms_is_the_formula():
+    model = CostModel(base_ms=10.0, per_token_ms=0.5, per_expert_ms=(0.25,), num_layers=2)
+    assert model.predict_ms(4, [3, 5]) == pytest.approx(10.0 + 0.5 * 4 + 0.25 * 8)
+    per_layer = CostModel(base_ms=1.0, per_token_ms=0.0, per_expert_ms=(1.0, 2.0), num_layers=2)
+    assert per_layer.predict_ms(7, [3, 5]) == pytest.approx(1.0 + 3 + 10)
+    with pytest.raises(ValueError):
+        model.predict_ms(4, [3])
+
+
+def test_predict_on_a_tree_counts_unique_experts():
+    tree = DraftTree.from_lists([5, 6, 7], [-1, 0, 0])
+    onehot = torch.zeros(2, 3, 8)  # [L, N, E]
+    onehot[0, 0, [0, 1]] = 1
+    onehot[0, 1, [1, 2]] = 1
+    onehot[0, 2, [0, 2]] = 1  # layer 0: experts {0, 1, 2}
+    onehot[1, :, [4, 5]] = 1  # layer 1: experts {4, 5}
+    model = CostModel(base_ms=1.0, per_token_ms=0.1, per_expert_ms=(1.0,), num_layers=2)
+    assert model.predict(tree, onehot) == pytest.approx(1.0 + 0.3 + 5.0)
+    with pytest.raises(ValueError):
+        model.predict(tree, onehot[:, :2])
+
+
+def test_expected_unique_experts_with_probabilities():
+    p = torch.tensor([[[0.5, 0.0], [0.5, 1.0]]])  # [L=1, N=2, E=2]
+    # expert 0: 1 - 0.5 * 0.5 = 0.75; expert 1: 1 - 1 * 0 = 1
+    assert expected_unique_experts(p).tolist() == pytest.approx([1.75])
+
+
+def test_json_round_trip_and_validation():
+    model = CostModel(base_ms=3.0, per_token_ms=0.2, per_expert_ms=(0.1, 0.2, 0.3), num_layers=3)
+    assert CostModel.from_dict(model.to_dict()) == model
+    with pytest.raises(ValueError):
+        CostModel(base_ms=1.0, per_token_ms=0.1, per_expert_ms=(0.1, 0.2), num_layers=3)
+    with pytest.raises(ValueError):
+        CostModel(base_ms=math.nan, per_token_ms=0.1, per_expert_ms=(0.1,), num_layers=3)
+    with pytest.raises(ValueError):
+        CostModel.fit([])
+
+
+def test_dense_target_has_no_expert_term():
+    samples = [CostSample(t, (), 2.0 + 0.5 * t) for t in (1, 2, 4, 8)]
+    model = CostModel.fit(samples)
+    assert model.num_layers == 0
+    assert model.predict_ms(10, []) == pytest.approx(7.0)
+
+
+def test_fit_keeps_coefficients_nonnegative():
+    # timings that fall slightly with U: least squares would give a negative expert cost
+    samples = [CostSample(t, (u, u), 5.0 + 0.1 * t - 0.001 * u) for t in (1, 4, 16) for u in (2, 4, 8)]
+    model = CostModel.fit(samples)
+    assert model.per_expert_ms == (0.0,)
+    assert model.per_token_ms == pytest.approx(0.1, rel=0.05)
