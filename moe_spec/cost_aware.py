@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import replace
 
+import numpy as np
 import torch
 
 from moe_spec.acceptance import Acceptance
@@ -19,6 +20,28 @@ from moe_spec.online_correction import AcceptanceCorrection, CostCorrection
 from moe_spec.routing import Routing
 from moe_spec.selection import StepPrices, best_first_subtree, best_prefix_by_score, subset_verify_ms
 from moe_spec.tree import DraftTree
+
+
+def token_count_cost(profile):
+    """T -> verify ms from the token count alone: the cost model fed the profile's average
+    unique experts for the best-first T nodes of real draft trees (what a latency-vs-tokens
+    profile on real trees, as EVICT uses, would measure)."""
+    cost = profile.cost_model
+    if cost.num_layers == 0:
+        return lambda tokens: cost.base_ms + cost.per_token_ms * tokens
+    curve = profile.details.get("routing", {}).get("unique_experts_curve")
+    if not curve:
+        raise ValueError("this profile has no unique-experts curve for real trees")
+    sizes = np.asarray(curve["sizes"], dtype=np.float64)
+    real = np.asarray(curve["real"], dtype=np.float64)  # [sizes, L], NaN where no tree was that large
+    known = ~np.isnan(real).any(axis=1)
+    sizes, real = sizes[known], real[known]
+
+    def verify_ms(tokens: int) -> float:
+        unique = [np.interp(tokens, sizes, real[:, layer]) for layer in range(real.shape[1])]
+        return cost.predict_ms(tokens, unique)
+
+    return verify_ms
 
 
 class _ProfiledController:

@@ -86,3 +86,40 @@ def test_tokens_sampled_through_sibling_trees_follow_the_target(arch, config):
     expected = torch.cat([expected[~rare], expected[rare].sum(0, keepdim=True)])
     keep = expected > 0
     assert chisquare(observed[keep].numpy(), expected[keep].numpy()).pvalue > 1e-3
+
+
+@pytest.mark.parametrize("policy", ["static", "moe-aware"])
+def test_sampling_stays_exact_under_controller_policies(policy):
+    from moe_spec.controller import StaticController
+    from moe_spec.cost_aware import MoeAwareController
+    from moe_spec.drafters.lookup import LookupDrafter
+    from moe_spec.profiling.latency import TimingConfig
+    from moe_spec.profiling.profiler import ProfileSettings, build_profile
+    from moe_spec.target import TargetModel
+
+    model = tiny_model("qwen3_moe", vocab_size=VOCAB, seed=4)
+    target = TargetModel(model)
+    if policy == "static":
+        controller = StaticController(TreeBudget(5, 2, VOCAB))
+    else:
+        settings = ProfileSettings(max_new_tokens=12, prefix_len=8, grid_tokens=(1, 4), grid_experts=(2, 4),
+                                   natural_trees=4, curve_sizes=(1, 2, 4), timing=TimingConfig(2, 1, 0))
+        profile = build_profile(target, LookupDrafter(), [torch.tensor(PROMPT * 3), torch.tensor(PROMPT[::-1] * 3)], settings)
+        controller = MoeAwareController(profile, adapt=False)
+    decoder = SpecDecoder(target, drafter=FullTreeDrafter(), controller=controller)
+    config = SamplingConfig(1.0)
+    generator = torch.Generator().manual_seed(7)
+    samples = 1500
+    counts = torch.zeros(VOCAB, VOCAB)
+    for _ in range(samples):
+        result = decoder.generate(torch.tensor([PROMPT]), max_new_tokens=4, temperature=1.0, eos_token_id=[],
+                                  generator=generator)
+        _x1, x2, x3, _x4 = result.sequences[0, len(PROMPT):].tolist()
+        counts[x2, x3] += 1
+    exact = _exact_distribution_of_tokens_2_and_3(model, config)
+    expected = exact / exact.sum() * samples
+    rare = expected < 5
+    observed = torch.cat([counts[~rare], counts[rare].sum(0, keepdim=True)])
+    expected = torch.cat([expected[~rare], expected[rare].sum(0, keepdim=True)])
+    keep = expected > 0
+    assert chisquare(observed[keep].numpy(), expected[keep].numpy()).pvalue > 1e-3

@@ -15,11 +15,14 @@ from pathlib import Path
 import torch
 import transformers
 
-from moe_spec.bench.methods import MethodContext, build_method, parse_methods
+from moe_spec.bench.methods import STATIC_BEST, MethodContext, build_method, expand_methods, parse_methods
+from moe_spec.bench.plots import write_bench_plots
 from moe_spec.prompt_file import load_prompts
 from moe_spec.bench.report import build_report, format_report, summary_line
 from moe_spec.bench.runner import RunSettings, run_methods
 from moe_spec.errors import InputError
+from moe_spec.profile import Profile
+from moe_spec.profiling.store import DEFAULT_PROFILE, profile_for
 from moe_spec.loading import load_drafter, load_target, load_tokenizer, model_folder
 from moe_spec.target import TargetModel
 
@@ -29,7 +32,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--drafter", default="default",
                         help="'lookup', 'default' (the embedded head) or a head folder; shared by every drafting method")
     parser.add_argument("--prompts", required=True, help="JSON-lines prompt file (`prompt` or `prompt_ids`, optional `class`)")
-    parser.add_argument("--methods", default="ar,eagle2", help="comma-separated: ar, eagle2, static:N")
+    parser.add_argument("--methods", default="ar,eagle2",
+                        help="comma-separated: ar, eagle2, static:N, static-best, truncate, moe-aware, moe-aware-noexperts")
+    parser.add_argument("--profile", default=None,
+                        help="profile JSON for truncate / moe-aware (default: shipped, cached, or profiled now)")
+    parser.add_argument("--plots", default=None, help="folder for PNG figures")
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--temperature", type=float, default=0.0, help="0: greedy")
     parser.add_argument("--seed", type=int, default=0)
@@ -43,7 +50,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> dict:
-    names = parse_methods(args.methods)
+    requested = parse_methods(args.methods)
+    names = expand_methods(requested)
     if args.limit is not None and args.limit < 1:
         raise InputError(f"--limit must be >= 1, got {args.limit}")
     settings = RunSettings(args.max_new_tokens, args.temperature, args.seed, args.warmup_tokens)
@@ -55,12 +63,19 @@ def run(args: argparse.Namespace) -> dict:
     tokenizer = load_tokenizer(args.model)
     input_ids = [p.input_ids(tokenizer) for p in prompts]
     target = TargetModel(model)
-    context = MethodContext(target, lambda: load_drafter(args.drafter, target))
+    context = MethodContext(target, lambda: load_drafter(args.drafter, target),
+                            lambda: _profile(args, target, context, input_ids))
     methods = [build_method(name, context) for name in names]
 
     runs = run_methods(target, methods, input_ids, settings, progress=False if args.no_progress else None)
     meta = [{**p.meta, "prompt_tokens": int(ids.shape[1])} for p, ids in zip(prompts, input_ids)]
-    report = build_report(runs, names, [p.prompt_class for p in prompts], meta, _config(args, model, names, settings))
+    config = _config(args, model, names, settings)
+    if context.profile_source is not None:
+        config["profile"] = context.profile_source
+    report = build_report(runs, names, [p.prompt_class for p in prompts], meta, config,
+                          static_best=STATIC_BEST in requested)
+    if args.plots is not None:
+        config["plots"] = [str(p) for p in write_bench_plots(report, Path(args.plots))]
 
     print(format_report(report))
     if args.json_out is not None:
@@ -70,6 +85,22 @@ def run(args: argparse.Namespace) -> dict:
     line = {"command": "bench", "json": args.json_out, **summary_line(report)}
     print(json.dumps(line))
     return report
+
+
+def _profile(args: argparse.Namespace, target: TargetModel, context: MethodContext, input_ids):
+    """--profile, else the shipped / cached profile for this target and drafter, else profile now."""
+    if args.profile is not None:
+        profile = Profile.load(args.profile, target)
+        context.profile_source = args.profile
+        return profile
+    drafter = context.drafter("profile")
+    embedded = args.model is None and args.drafter == "default"
+    if not (embedded and DEFAULT_PROFILE.is_file()):
+        print("no --profile: using a cached profile of this target, or profiling it now", file=sys.stderr)
+    drafter_name = args.drafter if args.model is None else f"{model_folder(args.model)}|{args.drafter}"
+    profile, source = profile_for(target, drafter, drafter_name, [ids[0] for ids in input_ids], embedded=embedded)
+    context.profile_source = source
+    return profile
 
 
 def _config(args: argparse.Namespace, model, names: list[str], settings: RunSettings) -> dict:

@@ -63,12 +63,23 @@ def compare(runs: Sequence[Run], methods: Sequence[str]) -> dict[str, dict]:
     return table
 
 
+def add_static_best(table: dict[str, dict]) -> None:
+    """Add `static-best`: the figures of the fixed budget (`static:N`) with the best throughput here."""
+    static = {name: figures for name, figures in table.items() if name.startswith("static:")}
+    if static:
+        best = max(static, key=lambda name: static[name]["tokens_per_s"])
+        table["static-best"] = {**static[best], "budget": best}
+
+
 def build_report(runs: Sequence[Run], methods: Sequence[str], classes: Sequence[str], prompt_meta: Sequence[dict],
-                 config: dict) -> dict:
-    """The JSON report. `classes[i]` and `prompt_meta[i]` describe prompt i."""
+                 config: dict, static_best: bool = False) -> dict:
+    """The JSON report. `classes[i]` and `prompt_meta[i]` describe prompt i. With `static_best`, every
+    table also gets the best fixed budget in hindsight (chosen per table: overall, and per class)."""
     per_class = {}
     for name in dict.fromkeys(classes):  # first-seen order
         per_class[name] = compare([r for r in runs if classes[r.prompt_index] == name], methods)
+        if static_best:
+            add_static_best(per_class[name])
     per_prompt = []
     for index, meta in enumerate(prompt_meta):
         mine = {r.method: r for r in runs if r.prompt_index == index}
@@ -76,9 +87,20 @@ def build_report(runs: Sequence[Run], methods: Sequence[str], classes: Sequence[
             "index": index,
             "class": classes[index],
             **meta,
-            "methods": {m: {**mine[m].stats.summary(), "new_ids": list(mine[m].new_ids)} for m in methods},
+            "methods": {
+                m: {
+                    **mine[m].stats.summary(),
+                    "new_ids": list(mine[m].new_ids),
+                    "tree_sizes": [step.tree_size for step in mine[m].stats.steps],
+                    "accepted_lengths": [step.accepted_length for step in mine[m].stats.steps],
+                }
+                for m in methods
+            },
         })
-    return {"methods": compare(runs, methods), "per_class": per_class, "per_prompt": per_prompt, "config": config}
+    overall = compare(runs, methods)
+    if static_best:
+        add_static_best(overall)
+    return {"methods": overall, "per_class": per_class, "per_prompt": per_prompt, "config": config}
 
 
 COLUMNS = (  # (header, key, format)

@@ -111,7 +111,8 @@ def trace_prompt(
             )
         )
         context_tokens.append(tree.tokens[path])
-        context_experts.append(out.routing.experts[:, path])
+        if target.is_moe:
+            context_experts.append(out.routing.experts[:, path])
         produced += len(acceptance.path)  # accepted drafts plus the bonus
         root = acceptance.bonus_token
     return PromptTrace(

@@ -1,0 +1,104 @@
+"""Every controller policy stays lossless, and the cost-aware ones decide as their economics say."""
+
+from dataclasses import replace
+
+import pytest
+import torch
+
+from moe_spec import LookupDrafter, SpecDecoder, TreeBudget
+from moe_spec.controller import StaticController
+from moe_spec.cost_aware import MoeAwareController, TruncateController, token_count_cost
+from moe_spec.profiling.latency import TimingConfig
+from moe_spec.profiling.profiler import ProfileSettings, build_profile
+from moe_spec.target import TargetModel
+from moe_spec.tiny_models import tiny_model
+from moe_spec.tree import DraftTree
+
+from conftest import PLAIN_PROMPT, REPETITIVE_PROMPT, hf_greedy
+
+QUICK = ProfileSettings(
+    max_new_tokens=16, prefix_len=16, grid_tokens=(1, 4, 16), grid_experts=(2, 4, 8), natural_trees=6,
+    curve_sizes=(1, 2, 4, 8), timing=TimingConfig(repeats=2, warmup=1, evict_mb=0),
+)
+PROFILE_PROMPTS = [REPETITIVE_PROMPT, PLAIN_PROMPT, REPETITIVE_PROMPT[3:] * 2, [30, 31, 32, 33] * 4]
+
+
+def _profiled(arch: str):
+    model = tiny_model(arch)
+    target = TargetModel(model)
+    profile = build_profile(target, LookupDrafter(), [torch.tensor(p) for p in PROFILE_PROMPTS], QUICK)
+    return model, target, profile
+
+
+@pytest.fixture(scope="module", params=["qwen3_moe", "gpt_oss", "deepseek_v3", "llama"])
+def profiled(request):
+    return _profiled(request.param)
+
+
+def _policies(profile):
+    return {
+        "static:4": StaticController(TreeBudget(4, 8, 4)),
+        "truncate": TruncateController(profile, token_count_cost(profile), budget=TreeBudget(16, 8, 4)),
+        "moe-aware": MoeAwareController(profile),
+        "moe-aware-noexperts": MoeAwareController(profile, price_experts=False),
+    }
+
+
+def test_every_policy_is_lossless_under_greedy(profiled):
+    model, target, profile = profiled
+    for name, controller in _policies(profile).items():
+        decoder = SpecDecoder(target, drafter=LookupDrafter(), controller=controller)
+        for prompt in (REPETITIVE_PROMPT, PLAIN_PROMPT):
+            result = decoder.generate(torch.tensor([prompt]), max_new_tokens=20)
+            assert torch.equal(result.sequences, hf_greedy(model, prompt, 20)), name
+
+
+def test_policies_return_connected_subtrees_with_the_root(profiled):
+    _, _, profile = profiled
+    generator = torch.Generator().manual_seed(0)
+    for _ in range(20):
+        n = int(torch.randint(1, 25, (1,), generator=generator))
+        parents = [-1] + [int(torch.randint(0, i, (1,), generator=generator)) for i in range(1, n)]
+        scores = torch.zeros(n)
+        for i in range(1, n):
+            scores[i] = scores[parents[i]] - float(torch.rand((), generator=generator)) * 2
+        tree = DraftTree(torch.randint(0, 90, (n,), generator=generator), torch.tensor(parents), scores)
+        for name, controller in _policies(profile).items():
+            chosen = controller.select(tree, draft_ms=1.0)
+            assert int(chosen.tokens[0]) == int(tree.tokens[0]), name
+            assert len(chosen) <= len(tree)
+
+
+def test_no_speculation_when_the_cost_model_says_it_cannot_pay():
+    model, target, profile = _profiled("qwen3_moe")
+    costly_tokens = replace(profile, cost_model=replace(profile.cost_model, per_token_ms=1e3))
+    controller = MoeAwareController(costly_tokens, adapt=False)
+    decoder = SpecDecoder(target, drafter=LookupDrafter(), controller=controller)
+    result = decoder.generate(torch.tensor([REPETITIVE_PROMPT]), max_new_tokens=24)
+    assert torch.equal(result.sequences, hf_greedy(model, REPETITIVE_PROMPT, 24))
+    assert all(step.tree_size == 0 for step in result.stats.steps)
+    skipped = [step for step in result.stats.steps if step.draft_ms < 0.05]
+    assert len(skipped) > len(result.stats.steps) // 2, "drafting pauses once speculation stops paying"
+
+
+def test_speculation_is_chosen_when_tokens_are_nearly_free():
+    model, target, profile = _profiled("qwen3_moe")
+    cheap = replace(profile, cost_model=replace(profile.cost_model, base_ms=10.0, per_token_ms=1e-3,
+                                                per_expert_ms=(1e-4,)))
+    decoder = SpecDecoder(target, drafter=LookupDrafter(), controller=MoeAwareController(cheap, adapt=False))
+    result = decoder.generate(torch.tensor([REPETITIVE_PROMPT * 2]), max_new_tokens=24)
+    assert result.stats.mean_tree_size > 1
+
+
+def test_online_corrections_reset_per_generate_unless_persisted():
+    _, target, profile = _profiled("mixtral")
+    for persist in (False, True):
+        controller = MoeAwareController(profile, persist=persist)
+        decoder = SpecDecoder(target, drafter=LookupDrafter(), controller=controller)
+        decoder.generate(torch.tensor([REPETITIVE_PROMPT]), max_new_tokens=16)
+        learned = dict(controller.acceptance_correction.predicted)
+        decoder.generate(torch.tensor([PLAIN_PROMPT]), max_new_tokens=2)
+        if persist:
+            assert controller.acceptance_correction.predicted == learned
+        else:
+            assert controller.acceptance_correction.predicted == {} or controller.acceptance_correction.predicted != learned
