@@ -10,12 +10,13 @@ the same machinery (the `ar` baseline).
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 from transformers import PreTrainedModel
 
-from moe_spec.acceptance import accept
+from moe_spec.acceptance import Acceptance, accept
 from moe_spec.controller import Controller
 from moe_spec.drafters.base import Drafter
 from moe_spec.errors import DrafterError, InputError
@@ -24,6 +25,20 @@ from moe_spec.sampling import SamplingConfig, probabilities, sample
 from moe_spec.stats import GenerationStats, StepStats
 from moe_spec.target import TargetModel
 from moe_spec.tree import DraftTree, ancestor_mask
+
+
+@dataclass(frozen=True)
+class StepRecord:
+    """Everything one step saw, for observers (traces for `simulate`, analysis)."""
+
+    prefix_len: int
+    candidates: DraftTree  # what the drafter proposed
+    verified: DraftTree  # the subtree the controller chose (== candidates without a controller)
+    argmax: torch.Tensor  # [N] long: the target's argmax at each verified node
+    experts: torch.Tensor  # [L, N, K] long: routing of the verified nodes
+    acceptance: Acceptance
+    verify_ms: float
+    draft_ms: float
 
 
 @dataclass
@@ -38,10 +53,12 @@ class SpecDecoder:
         target: PreTrainedModel | TargetModel,
         drafter: Drafter | None = None,
         controller: Controller | None = None,
+        step_observer: Callable[[StepRecord], None] | None = None,
     ):
         self.target = target if isinstance(target, TargetModel) else TargetModel(target)
         self.drafter = drafter
         self.controller = controller
+        self.step_observer = step_observer
 
     @torch.no_grad()
     def generate(
@@ -108,7 +125,7 @@ class SpecDecoder:
     def _step(self, cache, root: int, remaining: int, sampling: SamplingConfig, generator) -> tuple[list[int], StepStats]:
         """One draft-verify-accept step; returns the tokens it produced and its stats."""
         t0 = time.perf_counter()
-        tree = self._draft(root, remaining, sampling, t0)
+        candidates, tree = self._draft(root, remaining, sampling, t0)
         t1 = time.perf_counter()
         prefix_len = cache.get_seq_length()
         n = len(tree)
@@ -127,6 +144,10 @@ class SpecDecoder:
         verify_ms, draft_ms = (t2 - t1) * 1000, (t1 - t0) * 1000
         if self.controller is not None:
             self.controller.feedback(tree, acceptance, verify_ms, draft_ms, out.routing)
+        if self.step_observer is not None:
+            logits = out.logits[0, :n]
+            self.step_observer(StepRecord(prefix_len, candidates, tree, logits.argmax(-1).cpu(),
+                                          out.routing.experts, acceptance, verify_ms, draft_ms))
         step = StepStats(
             tree_size=tree.num_drafted,
             accepted_length=acceptance.num_accepted + 1,
@@ -136,15 +157,18 @@ class SpecDecoder:
         )
         return acceptance.new_tokens(tree), step
 
-    def _draft(self, root: int, remaining: int, sampling: SamplingConfig, started: float) -> DraftTree:
+    def _draft(self, root: int, remaining: int, sampling: SamplingConfig, started: float) -> tuple[DraftTree, DraftTree]:
+        """The drafter's candidate tree and the subtree to verify."""
         # a step produces at most depth + 1 tokens, so deeper drafts than remaining - 1 are waste
         if self.drafter is None or remaining <= 1:
-            return DraftTree.root_only(root)
+            tree = DraftTree.root_only(root)
+            return tree, tree
         default = self.drafter.default_budget
         budget = self.controller.candidate_budget(default) if self.controller is not None else default
         budget = budget.capped(remaining - 1)
         if budget.max_nodes == 0 or budget.max_depth == 0:
-            return DraftTree.root_only(root)
+            tree = DraftTree.root_only(root)
+            return tree, tree
         tree = self.drafter.propose(root, budget, sampling)
         if int(tree.tokens[0]) != root:
             raise DrafterError(f"drafter returned a tree rooted at token {int(tree.tokens[0])}, expected {root}")
@@ -154,12 +178,13 @@ class SpecDecoder:
                 f"drafter proposed token ids outside the target vocabulary [0, {self.target.vocab_size}): "
                 f"{tree.tokens[bad].unique().tolist()[:8]}"
             )
-        if self.controller is not None:
-            tree = self.controller.select(tree, (time.perf_counter() - started) * 1000)
         if int(tree.depths.max()) > remaining - 1:
             keep = (tree.depths <= remaining - 1).nonzero().flatten()
             tree = tree.subtree(keep)
-        return tree
+        candidates = tree
+        if self.controller is not None:
+            tree = self.controller.select(tree, (time.perf_counter() - started) * 1000)
+        return candidates, tree
 
     def _validated_prompt(self, input_ids, attention_mask, max_new_tokens: int) -> torch.Tensor:
         if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2:
