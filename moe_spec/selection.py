@@ -59,23 +59,39 @@ def subset_objective(cost: CostModel, prices: StepPrices, keep: list[int]) -> fl
 
 def best_first_subtree(tree: DraftTree, prices: StepPrices, cost: CostModel, max_nodes: int | None = None) -> list[int]:
     """Node indices (root first) of the subtree chosen by best-first growth; see module docstring."""
-    n = len(tree)
-    limit = n - 1 if max_nodes is None else min(max_nodes, n - 1)
-    values = prices.values.double()
+    chosen = best_first_forest([tree], [prices], cost, prices.draft_ms, max_nodes)
+    return chosen[0]
+
+
+def best_first_forest(
+    trees: list[DraftTree], prices: list[StepPrices], cost: CostModel, draft_ms: float, max_nodes: int | None = None
+) -> list[list[int]]:
+    """Best-first growth over several rows' trees verified in one pass (a batch): every row's root is
+    mandatory, all rows share one verify time, and a node's expert price counts only experts that
+    no chosen node of *any* row loads yet. Returns each row's chosen node indices, root first."""
+    offsets = [0]
+    for tree in trees:
+        offsets.append(offsets[-1] + len(tree))
+    n = offsets[-1]
+    parents = torch.cat([torch.where(t.parents >= 0, t.parents + o, t.parents) for t, o in zip(trees, offsets)])  # [N]
+    values = torch.cat([p.values.double() for p in prices])  # [N]
+    is_root = parents < 0
     per_expert = torch.as_tensor(cost.expert_weights().copy(), dtype=torch.float64) if cost.num_layers else None
-    probs = prices.expert_probs.double() if prices.expert_probs is not None and per_expert is not None else None
+    priced = per_expert is not None and all(p.expert_probs is not None for p in prices)
+    probs = torch.cat([p.expert_probs.double() for p in prices], dim=1) if priced else None  # [L, N, E]
+    roots = is_root.nonzero().flatten()
     if probs is not None:
-        miss = 1.0 - probs[:, 0]  # [L, E]: chance no chosen node loads the expert yet
-        verify = cost.predict_ms(1, (1.0 - miss).sum(-1))
+        miss = torch.prod(1.0 - probs[:, roots], dim=1)  # [L, E]: chance no chosen node loads the expert yet
+        verify = cost.predict_ms(len(roots), (1.0 - miss).sum(-1))
     else:
-        verify = cost.base_ms + cost.per_token_ms
-    value = 1.0
-    chosen = [0]
-    best_rate, best_size = throughput(value, prices.draft_ms, verify), 1
+        verify = cost.base_ms + cost.per_token_ms * len(roots)
+    value = float(len(roots))  # every row's bonus token
+    limit = n - len(roots) if max_nodes is None else min(max_nodes, n - len(roots))
+    chosen: list[int] = []
+    best_rate, best_size = throughput(value, draft_ms, verify), 0
     in_frontier = torch.zeros(n, dtype=torch.bool)
-    in_frontier[tree.parents == 0] = True
-    in_frontier[0] = False
-    while len(chosen) - 1 < limit and bool(in_frontier.any()):
+    in_frontier[~is_root] = is_root[parents[~is_root]]
+    while len(chosen) < limit and bool(in_frontier.any()):
         frontier = in_frontier.nonzero().flatten()  # [F]
         added_ms = torch.full((frontier.numel(),), cost.per_token_ms, dtype=torch.float64)
         if probs is not None:
@@ -90,11 +106,12 @@ def best_first_subtree(tree: DraftTree, prices: StepPrices, cost: CostModel, max
         if probs is not None:
             miss = miss * (1.0 - probs[:, node])
         in_frontier[node] = False
-        in_frontier[tree.parents == node] = True
-        rate = throughput(value, prices.draft_ms, verify)
+        in_frontier[parents == node] = True
+        rate = throughput(value, draft_ms, verify)
         if rate > best_rate:
             best_rate, best_size = rate, len(chosen)
-    return chosen[:best_size]
+    kept = chosen[:best_size]
+    return [[0] + [k - offsets[row] for k in kept if offsets[row] <= k < offsets[row + 1]] for row in range(len(trees))]
 
 
 def best_prefix_by_score(tree: DraftTree, values: torch.Tensor, verify_ms_for_tokens, draft_ms: float) -> list[int]:
