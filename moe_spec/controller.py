@@ -1,7 +1,13 @@
-"""The controller protocol: how large a candidate tree to draft, and which part of it to verify."""
+"""The controller protocol: how large a candidate tree to draft, and which part of it to verify.
+
+Controllers see every row of a batch at once, because the rows share one verify pass: a row's
+node is cheap when its experts are loaded for another row anyway. With one prompt the lists
+have one entry.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Protocol
 
 from moe_spec.acceptance import Acceptance
@@ -15,20 +21,27 @@ class Controller(Protocol):
         """Called at the start of every `generate`."""
 
     def candidate_budget(self, default: TreeBudget) -> TreeBudget:
-        """The budget the drafter expands its candidate tree to."""
+        """The budget the drafter expands its candidate trees to."""
 
-    def select(self, candidates: DraftTree, draft_ms: float) -> DraftTree:
-        """The subtree to verify: connected, containing the root (root alone: a plain AR step).
-        draft_ms: what drafting the candidates cost (already spent)."""
+    def select(self, candidates: Sequence[DraftTree], draft_ms: float) -> list[DraftTree]:
+        """Per row, the subtree to verify: connected, containing the root (root alone: a plain AR
+        step). draft_ms: what drafting the candidates cost (already spent)."""
 
     def feedback(
-        self, verified: DraftTree, acceptance: Acceptance, verify_ms: float, draft_ms: float, routing: Routing
+        self,
+        verified: Sequence[DraftTree],
+        acceptances: Sequence[Acceptance],
+        verify_ms: float,
+        draft_ms: float,
+        routing: Sequence[Routing],
     ) -> None:
-        """What the target accepted and what the step cost."""
+        """What the target accepted per row, and what the shared step cost."""
 
 
 class StaticController:
-    """A fixed node budget: verify the `max_nodes` best-scored nodes of the drafter's tree."""
+    """A fixed node budget per row: verify the `max_nodes` best-scored nodes of each candidate tree."""
+
+    name = "static"
 
     def __init__(self, budget: TreeBudget):
         self.budget = budget
@@ -39,9 +52,10 @@ class StaticController:
     def candidate_budget(self, default: TreeBudget) -> TreeBudget:
         return self.budget
 
-    name = "static"
+    def select(self, candidates: Sequence[DraftTree], draft_ms: float = 0.0) -> list[DraftTree]:
+        return [self._select_one(tree) for tree in candidates]
 
-    def select(self, candidates: DraftTree, draft_ms: float = 0.0) -> DraftTree:
+    def _select_one(self, candidates: DraftTree) -> DraftTree:
         if candidates.num_drafted <= self.budget.max_nodes:
             return candidates
         # a node's cumulative score never exceeds its parent's, so the best-scored set is connected;
@@ -49,5 +63,5 @@ class StaticController:
         order = sorted(range(1, len(candidates)), key=lambda i: (-float(candidates.scores[i]), i))
         return candidates.subtree([0] + order[: self.budget.max_nodes])
 
-    def feedback(self, verified, acceptance, verify_ms, draft_ms, routing) -> None:
+    def feedback(self, verified, acceptances, verify_ms, draft_ms, routing) -> None:
         pass

@@ -8,6 +8,7 @@ best-first selection add.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import replace
 
 import numpy as np
@@ -17,8 +18,7 @@ from moe_spec.acceptance import Acceptance
 from moe_spec.cost_model import CostModel
 from moe_spec.drafters.base import TreeBudget
 from moe_spec.online_correction import AcceptanceCorrection, CostCorrection
-from moe_spec.routing import Routing
-from moe_spec.selection import StepPrices, best_first_subtree, best_prefix_by_score, subset_verify_ms
+from moe_spec.selection import StepPrices, best_first_forest, best_prefix_by_score, subset_verify_ms
 from moe_spec.tree import DraftTree
 
 
@@ -83,16 +83,21 @@ class _ProfiledController:
         return replace(base, base_ms=base.base_ms * f, per_token_ms=base.per_token_ms * f,
                        per_expert_ms=tuple(c * f for c in base.per_expert_ms))
 
-    def _learn(self, verified: DraftTree, acceptance: Acceptance, verify_ms: float) -> None:
-        if not self.adapt:
-            return
-        values = self.profile.calibrated_path_probability(verified)
-        on_path = set(acceptance.path)
-        for node, depth in enumerate(verified.depths.tolist()):
-            if node:
-                self.acceptance_correction.update(depth, float(values[node]), 1.0 if node in on_path else 0.0)
-        predicted = subset_verify_ms(self.profile.cost_model, list(range(len(verified))), self._expert_probs(verified))
-        self.cost_correction.update(predicted, verify_ms)
+    def _learn_acceptance(self, verified: Sequence[DraftTree], acceptances: Sequence[Acceptance]) -> None:
+        for tree, acceptance in zip(verified, acceptances):
+            if not tree.num_drafted:
+                continue
+            values = self.profile.calibrated_path_probability(tree)
+            on_path = set(acceptance.path)
+            for node, depth in enumerate(tree.depths.tolist()):
+                if node:
+                    self.acceptance_correction.update(depth, float(values[node]), 1.0 if node in on_path else 0.0)
+
+    def predicted_verify_ms(self, trees: Sequence[DraftTree], cost: CostModel | None = None) -> float:
+        """The uncorrected cost model's time for verifying these rows' trees in one pass."""
+        cost = cost or self.profile.cost_model
+        probs = torch.cat([self._expert_probs(t) for t in trees], dim=1) if cost.num_layers else None  # [L, N, E]
+        return subset_verify_ms(cost, list(range(sum(len(t) for t in trees))), probs)
 
     def _expert_probs(self, tree: DraftTree) -> torch.Tensor | None:
         return self.profile.predicted_experts(tree) if self.profile.cost_model.num_layers else None
@@ -139,20 +144,24 @@ class MoeAwareController(_ProfiledController):
         depth = max(depth for _, depth in self._recent)
         return TreeBudget(min(default.max_nodes, max(8, 2 * nodes)), min(default.max_depth, depth + 1), default.branching)
 
-    def select(self, candidates: DraftTree, draft_ms: float) -> DraftTree:
-        prices = StepPrices(self.values(candidates), self._expert_probs(candidates) if self.price_experts else None, draft_ms)
-        keep = best_first_subtree(candidates, prices, self.cost_model())
-        chosen = candidates.subtree(keep)
-        self._recent.append((chosen.num_drafted, int(chosen.depths.max())))
+    def select(self, candidates: Sequence[DraftTree], draft_ms: float) -> list[DraftTree]:
+        prices = [
+            StepPrices(self.values(tree), self._expert_probs(tree) if self.price_experts else None, draft_ms)
+            for tree in candidates
+        ]
+        keeps = best_first_forest(list(candidates), prices, self.cost_model(), draft_ms)
+        chosen = [tree.subtree(keep) for tree, keep in zip(candidates, keeps)]
+        self._recent.append((max(t.num_drafted for t in chosen), max(int(t.depths.max()) for t in chosen)))
         self._selected = True
-        if chosen.num_drafted:
+        if any(t.num_drafted for t in chosen):
             self._plain_steps = 0
         return chosen
 
-    def feedback(self, verified: DraftTree, acceptance: Acceptance, verify_ms: float, draft_ms: float, routing: Routing) -> None:
-        if verified.num_drafted:
-            self._learn(verified, acceptance, verify_ms)
-        elif not self._selected:  # drafting was skipped (or nothing was drafted): a plain step
+    def feedback(self, verified, acceptances, verify_ms: float, draft_ms: float, routing) -> None:
+        if self.adapt and any(t.num_drafted for t in verified):
+            self._learn_acceptance(verified, acceptances)
+            self.cost_correction.update(self.predicted_verify_ms(verified), verify_ms)
+        if not self._selected:  # drafting was skipped (or nothing was drafted): a plain step
             self._recent.append((0, 0))
         self._selected = False
 
@@ -172,17 +181,16 @@ class TruncateController(_ProfiledController):
     def candidate_budget(self, default: TreeBudget) -> TreeBudget:
         return self.budget
 
-    def select(self, candidates: DraftTree, draft_ms: float) -> DraftTree:
+    def select(self, candidates: Sequence[DraftTree], draft_ms: float) -> list[DraftTree]:
+        """Per row, the best score-order prefix (budgets per row, as EVICT sizes one sequence's tree)."""
         factor = self.cost_correction.factor if self.adapt else 1.0
-        keep = best_prefix_by_score(candidates, self.values(candidates), lambda t: factor * self.token_cost(t), draft_ms)
-        return candidates.subtree(keep)
+        return [
+            tree.subtree(best_prefix_by_score(tree, self.values(tree), lambda t: factor * self.token_cost(t), draft_ms))
+            for tree in candidates
+        ]
 
-    def feedback(self, verified: DraftTree, acceptance: Acceptance, verify_ms: float, draft_ms: float, routing: Routing) -> None:
-        if not verified.num_drafted or not self.adapt:
+    def feedback(self, verified, acceptances, verify_ms: float, draft_ms: float, routing) -> None:
+        if not self.adapt or not any(t.num_drafted for t in verified):
             return
-        values = self.profile.calibrated_path_probability(verified)
-        on_path = set(acceptance.path)
-        for node, depth in enumerate(verified.depths.tolist()):
-            if node:
-                self.acceptance_correction.update(depth, float(values[node]), 1.0 if node in on_path else 0.0)
-        self.cost_correction.update(self.token_cost(len(verified)), verify_ms)
+        self._learn_acceptance(verified, acceptances)
+        self.cost_correction.update(self.token_cost(sum(len(t) for t in verified)), verify_ms)

@@ -1,10 +1,11 @@
-"""`SpecDecoder`: tree speculative decoding over a Hugging Face causal LM.
+"""`SpecDecoder`: tree speculative decoding over a Hugging Face causal LM, for one prompt or a batch.
 
-One step, as in EAGLE: the pending token (the root, not yet in the target's cache) and the
-drafted tree go through one target forward; acceptance picks the accepted path and the bonus
-token; the cache keeps the root and the accepted nodes; the bonus token becomes the next root.
-With no drafter every tree is the root alone, which is plain autoregressive decoding through
-the same machinery (the `ar` baseline).
+One step, as in EAGLE: each row's pending token (the root, not yet in the target's cache) and
+its drafted tree go through one target forward, all rows together; acceptance picks each row's
+accepted path and bonus token; the cache keeps each row's root and accepted nodes; the bonus
+token becomes the row's next root. With no drafter every tree is the root alone, which is plain
+autoregressive decoding through the same machinery (the `ar` baseline). Rows that finish (EOS
+or `max_new_tokens`) leave the batch and stop costing compute.
 """
 
 from __future__ import annotations
@@ -17,20 +18,22 @@ import torch
 from transformers import PreTrainedModel
 
 from moe_spec.acceptance import Acceptance, accept
+from moe_spec.batch_layout import compaction, prefill_inputs, step_inputs
 from moe_spec.controller import Controller
 from moe_spec.drafters.base import Drafter
 from moe_spec.errors import DrafterError, InputError
-from moe_spec.kv_cache import keep_accepted_path
+from moe_spec.kv_cache import gather_columns, keep_accepted_path, select_rows
 from moe_spec.sampling import SamplingConfig, probabilities, sample
 from moe_spec.stats import GenerationStats, StepStats
 from moe_spec.target import TargetModel
-from moe_spec.tree import DraftTree, ancestor_mask
+from moe_spec.tree import DraftTree
 
 
 @dataclass(frozen=True)
 class StepRecord:
-    """Everything one step saw, for observers (traces for `simulate`, analysis)."""
+    """Everything one row's step saw, for observers (traces for `simulate`, analysis)."""
 
+    row: int
     prefix_len: int
     candidates: DraftTree  # what the drafter proposed
     verified: DraftTree  # the subtree the controller chose (== candidates without a controller)
@@ -43,8 +46,22 @@ class StepRecord:
 
 @dataclass
 class GenerationResult:
-    sequences: torch.Tensor  # [B, T_prompt + T_new] long
+    sequences: torch.Tensor  # [B, T_prompt + T_new] long: prompts as given, new tokens, then pad
     stats: GenerationStats
+
+
+@dataclass
+class _Row:
+    """One sequence of the batch while it decodes."""
+
+    index: int  # row in the caller's batch
+    prompt: torch.Tensor  # [T] long, padding removed
+    drafter: Drafter | None
+    root: int  # pending token: produced, not yet in the cache
+    produced: list[int]
+
+    def remaining(self, max_new_tokens: int) -> int:
+        return max_new_tokens - len(self.produced)
 
 
 class SpecDecoder:
@@ -73,105 +90,122 @@ class SpecDecoder:
         generator: torch.Generator | None = None,
         streamer=None,
     ) -> GenerationResult:
-        """Decode up to `max_new_tokens` tokens; greedy when `temperature == 0`.
+        """Decode up to `max_new_tokens` tokens per row; greedy when `temperature == 0`.
 
-        `eos_token_id=None` uses the model's generation config, as `model.generate` does.
+        A batch is given left-padded with its `attention_mask`. `eos_token_id=None` uses the
+        model's generation config, as `model.generate` does.
         """
         sampling = SamplingConfig(temperature, top_k, top_p)
-        prompt = self._validated_prompt(input_ids, attention_mask, max_new_tokens)
+        prompts = self._validated_prompts(input_ids, attention_mask, max_new_tokens, streamer)
         eos = self._eos_ids(eos_token_id)
+        pad = self._pad_id(eos)
+        drafters = self._drafters(len(prompts))
         if self.controller is not None:
             self.controller.reset()
-        stats = GenerationStats(prompt_tokens=prompt.numel())
+        stats = GenerationStats(prompt_tokens=sum(p.numel() for p in prompts))
         start = time.perf_counter()
         if streamer is not None:
-            streamer.put(prompt[None])
+            streamer.put(prompts[0][None])
 
         cache = self.target.new_cache()
-        n = prompt.numel()
-        prefill = self.target.forward_tree(
-            cache,
-            prompt[None],
-            torch.tril(torch.ones(n, n, dtype=torch.bool))[None],
-            torch.arange(n)[None],
-        )
-        root = sample(probabilities(prefill.logits[0, -1], sampling), generator)
-        if self.drafter is not None:
-            self.drafter.begin(prompt, prefill.features[0])
+        ids, mask, positions, valid = prefill_inputs(prompts, pad)
+        prefill = self.target.forward_tree(cache, ids, mask, positions)
+        rows = []
+        for b, prompt in enumerate(prompts):
+            root = sample(probabilities(prefill.logits[b, -1], sampling), generator)
+            if drafters[b] is not None:
+                drafters[b].begin(prompt, prefill.features[b, valid[b].to(prefill.features.device)])
+            rows.append(_Row(b, prompt, drafters[b], root, [root]))
         stats.prefill_ms = (time.perf_counter() - start) * 1000
-        produced = [root]
         if streamer is not None:
-            streamer.put(torch.tensor([root]))
+            streamer.put(torch.tensor([rows[0].root]))
 
-        while len(produced) < max_new_tokens and produced[-1] not in eos:
-            new_tokens, step = self._step(cache, root, max_new_tokens - len(produced), sampling, generator)
-            new_tokens = new_tokens[: max_new_tokens - len(produced)]
-            hit_eos = next((i for i, t in enumerate(new_tokens) if t in eos), None)
-            if hit_eos is not None:
-                new_tokens = new_tokens[: hit_eos + 1]
-            produced.extend(new_tokens)
+        finished: list[_Row] = []
+        while True:
+            active = [i for i, r in enumerate(rows) if r.remaining(max_new_tokens) > 0 and r.produced[-1] not in eos]
+            finished += [r for i, r in enumerate(rows) if i not in active]
+            if not active:
+                break
+            if len(active) < len(rows):  # finished rows leave the batch
+                keep = torch.tensor(active)
+                select_rows(cache, keep)
+                valid = valid[keep]
+                rows = [rows[i] for i in active]
+            new_tokens, valid, step = self._step(cache, valid, rows, max_new_tokens, pad, sampling, generator)
+            for row, tokens in zip(rows, new_tokens):
+                tokens = tokens[: row.remaining(max_new_tokens)]
+                hit_eos = next((i for i, t in enumerate(tokens) if t in eos), None)
+                if hit_eos is not None:
+                    tokens = tokens[: hit_eos + 1]
+                row.produced.extend(tokens)
+                row.root = row.produced[-1]
+                if streamer is not None:
+                    streamer.put(torch.tensor(tokens))
             stats.steps.append(step)
-            if streamer is not None:
-                streamer.put(torch.tensor(new_tokens))
-            root = produced[-1]
 
-        stats.new_tokens = len(produced)
+        stats.new_tokens = sum(len(r.produced) for r in finished)
         stats.total_ms = (time.perf_counter() - start) * 1000
         if streamer is not None:
             streamer.end()
-        sequences = torch.cat([prompt, torch.tensor(produced, dtype=torch.long)])[None]
-        return GenerationResult(sequences=sequences, stats=stats)
+        return GenerationResult(sequences=self._sequences(input_ids, finished, pad), stats=stats)
 
-    def _step(self, cache, root: int, remaining: int, sampling: SamplingConfig, generator) -> tuple[list[int], StepStats]:
-        """One draft-verify-accept step; returns the tokens it produced and its stats."""
+    def _step(self, cache, valid, rows: list[_Row], max_new_tokens: int, pad: int, sampling, generator):
+        """One draft-verify-accept step for all rows; returns each row's new tokens, the new valid
+        mask [B, P'] and the step's stats."""
         t0 = time.perf_counter()
-        candidates, tree = self._draft(root, remaining, sampling, t0)
+        candidates = [self._draft(row, row.remaining(max_new_tokens), sampling) for row in rows]
+        trees = candidates
+        if self.controller is not None and any(t.num_drafted for t in candidates):
+            trees = self.controller.select(candidates, (time.perf_counter() - t0) * 1000)
         t1 = time.perf_counter()
-        prefix_len = cache.get_seq_length()
-        n = len(tree)
-        out = self.target.forward_tree(
-            cache,
-            tree.tokens[None],
-            ancestor_mask(tree)[None],
-            (prefix_len + tree.depths)[None],
-        )
+        lengths = valid.sum(1)
+        ids, tree_mask, positions = step_inputs(trees, lengths, pad)
+        out = self.target.forward_tree(cache, ids, tree_mask, positions, prefix_valid=valid)
         t2 = time.perf_counter()
-        acceptance = accept(tree, out.logits[0, :n].cpu(), sampling, generator)
-        keep_accepted_path(cache, prefix_len, acceptance.path)
-        if self.drafter is not None:
-            path = torch.tensor(acceptance.path)
-            self.drafter.commit(tree.tokens[path], out.features[0, path.to(out.features.device)])
+        width = ids.shape[1]
+        logits = out.logits.cpu()
+        acceptances = [accept(tree, logits[b, : len(tree)], sampling, generator) for b, tree in enumerate(trees)]
+        if len(rows) == 1:  # keep the single-row cache dense: crop or index-select the path
+            keep_accepted_path(cache, valid.shape[1], acceptances[0].path)
+            valid = torch.cat([valid, torch.ones(1, len(acceptances[0].path), dtype=torch.bool)], dim=1)
+        else:
+            index, valid = compaction(valid, width, [a.path for a in acceptances])
+            gather_columns(cache, index)
         verify_ms, draft_ms = (t2 - t1) * 1000, (t1 - t0) * 1000
+        row_routing = [out.routing.select(b * width + torch.arange(len(tree))) for b, tree in enumerate(trees)]
+        for b, (row, tree, acceptance) in enumerate(zip(rows, trees, acceptances)):
+            if row.drafter is not None:
+                path = torch.tensor(acceptance.path)
+                row.drafter.commit(tree.tokens[path], out.features[b, path.to(out.features.device)])
+            if self.step_observer is not None:
+                self.step_observer(StepRecord(row.index, int(lengths[b]), candidates[b], tree, logits[b, : len(tree)].argmax(-1),
+                                              row_routing[b].experts, acceptance, verify_ms, draft_ms))
         if self.controller is not None:
-            self.controller.feedback(tree, acceptance, verify_ms, draft_ms, out.routing)
-        if self.step_observer is not None:
-            logits = out.logits[0, :n]
-            self.step_observer(StepRecord(prefix_len, candidates, tree, logits.argmax(-1).cpu(),
-                                          out.routing.experts, acceptance, verify_ms, draft_ms))
+            self.controller.feedback(trees, acceptances, verify_ms, draft_ms, row_routing)
         step = StepStats(
-            tree_size=tree.num_drafted,
-            accepted_length=acceptance.num_accepted + 1,
+            tree_size=sum(t.num_drafted for t in trees),
+            accepted_length=sum(a.num_accepted + 1 for a in acceptances),
             verify_ms=verify_ms,
             draft_ms=draft_ms,
             unique_experts_per_layer=tuple(out.routing.unique_per_layer()),
+            rows=len(rows),
+            verified_tokens=int(ids.numel()),
         )
-        return acceptance.new_tokens(tree), step
+        return [a.new_tokens(t) for a, t in zip(acceptances, trees)], valid, step
 
-    def _draft(self, root: int, remaining: int, sampling: SamplingConfig, started: float) -> tuple[DraftTree, DraftTree]:
-        """The drafter's candidate tree and the subtree to verify."""
+    def _draft(self, row: _Row, remaining: int, sampling: SamplingConfig) -> DraftTree:
+        """The drafter's candidate tree for one row (the root alone when not drafting)."""
         # a step produces at most depth + 1 tokens, so deeper drafts than remaining - 1 are waste
-        if self.drafter is None or remaining <= 1:
-            tree = DraftTree.root_only(root)
-            return tree, tree
-        default = self.drafter.default_budget
+        if row.drafter is None or remaining <= 1:
+            return DraftTree.root_only(row.root)
+        default = row.drafter.default_budget
         budget = self.controller.candidate_budget(default) if self.controller is not None else default
         budget = budget.capped(remaining - 1)
         if budget.max_nodes == 0 or budget.max_depth == 0:
-            tree = DraftTree.root_only(root)
-            return tree, tree
-        tree = self.drafter.propose(root, budget, sampling)
-        if int(tree.tokens[0]) != root:
-            raise DrafterError(f"drafter returned a tree rooted at token {int(tree.tokens[0])}, expected {root}")
+            return DraftTree.root_only(row.root)
+        tree = row.drafter.propose(row.root, budget, sampling)
+        if int(tree.tokens[0]) != row.root:
+            raise DrafterError(f"drafter returned a tree rooted at token {int(tree.tokens[0])}, expected {row.root}")
         bad = (tree.tokens < 0) | (tree.tokens >= self.target.vocab_size)
         if bool(bad.any()):
             raise DrafterError(
@@ -179,40 +213,68 @@ class SpecDecoder:
                 f"{tree.tokens[bad].unique().tolist()[:8]}"
             )
         if int(tree.depths.max()) > remaining - 1:
-            keep = (tree.depths <= remaining - 1).nonzero().flatten()
-            tree = tree.subtree(keep)
-        candidates = tree
-        if self.controller is not None:
-            tree = self.controller.select(tree, (time.perf_counter() - started) * 1000)
-        return candidates, tree
+            tree = tree.subtree((tree.depths <= remaining - 1).nonzero().flatten())
+        return tree
 
-    def _validated_prompt(self, input_ids, attention_mask, max_new_tokens: int) -> torch.Tensor:
+    def _drafters(self, batch: int) -> list[Drafter | None]:
+        if self.drafter is None:
+            return [None] * batch
+        if batch == 1:
+            return [self.drafter]
+        spawn = getattr(self.drafter, "spawn", None)
+        if spawn is None:
+            raise InputError(f"{type(self.drafter).__name__} cannot draft for a batch (it has no spawn()); pass one prompt")
+        return [self.drafter] + [spawn() for _ in range(batch - 1)]
+
+    def _validated_prompts(self, input_ids, attention_mask, max_new_tokens: int, streamer) -> list[torch.Tensor]:
+        """Each row's prompt without its padding, after checking everything about the input."""
         if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2:
             raise InputError("input_ids must be a [B, T] LongTensor")
-        if input_ids.shape[0] != 1:
-            raise InputError(f"batch size {input_ids.shape[0]} is not supported yet; pass one prompt (B = 1)")
+        if input_ids.shape[0] == 0:
+            raise InputError("the batch is empty")
         if max_new_tokens < 1:
             raise InputError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
-        prompt = input_ids[0].cpu().long()
-        if attention_mask is not None:
+        if streamer is not None and input_ids.shape[0] > 1:
+            raise InputError("a streamer needs a single prompt (B = 1)")
+        ids = input_ids.cpu().long()
+        if attention_mask is None:
+            mask = torch.ones_like(ids, dtype=torch.bool)
+        else:
             if attention_mask.shape != input_ids.shape:
-                raise InputError(f"attention_mask shape {tuple(attention_mask.shape)} != input_ids shape {tuple(input_ids.shape)}")
-            keep = attention_mask[0].cpu().bool()
-            first = int(keep.long().argmax()) if bool(keep.any()) else keep.numel()
+                raise InputError(
+                    f"attention_mask shape {tuple(attention_mask.shape)} != input_ids shape {tuple(input_ids.shape)}"
+                )
+            mask = attention_mask.cpu().bool()
+        prompts = []
+        for b in range(ids.shape[0]):
+            keep = mask[b]
+            if not bool(keep.any()):
+                raise InputError(f"row {b} of the batch is empty (its attention_mask is all zeros)")
+            first = int(keep.long().argmax())
             if not bool(keep[first:].all()):
-                raise InputError("attention_mask must be left padding only (zeros before the prompt, ones after)")
-            prompt = prompt[keep]
-        if prompt.numel() == 0:
+                raise InputError(f"row {b}: attention_mask must be left padding (zeros before the prompt, ones after)")
+            prompt = ids[b][keep]
+            if bool(((prompt < 0) | (prompt >= self.target.vocab_size)).any()):
+                raise InputError(f"row {b}: prompt has token ids outside the target vocabulary [0, {self.target.vocab_size})")
+            limit = self.target.max_positions
+            if limit is not None and prompt.numel() + max_new_tokens > limit:
+                raise InputError(
+                    f"row {b}: prompt ({prompt.numel()} tokens) plus max_new_tokens ({max_new_tokens}) exceeds the "
+                    f"model's context of {limit} positions"
+                )
+            prompts.append(prompt)
+        if ids.shape[1] == 0:
             raise InputError("the prompt is empty; give at least one token")
-        if bool(((prompt < 0) | (prompt >= self.target.vocab_size)).any()):
-            raise InputError(f"prompt has token ids outside the target vocabulary [0, {self.target.vocab_size})")
-        limit = self.target.max_positions
-        if limit is not None and prompt.numel() + max_new_tokens > limit:
-            raise InputError(
-                f"prompt ({prompt.numel()} tokens) plus max_new_tokens ({max_new_tokens}) exceeds the model's "
-                f"context of {limit} positions"
-            )
-        return prompt
+        return prompts
+
+    def _sequences(self, input_ids: torch.Tensor, rows: list[_Row], pad: int) -> torch.Tensor:
+        """[B, T + longest output]: each row's input as given, its new tokens, then `pad`."""
+        rows = sorted(rows, key=lambda r: r.index)
+        longest = max(len(r.produced) for r in rows)
+        new = torch.full((len(rows), longest), pad, dtype=torch.long)
+        for r in rows:
+            new[r.index, : len(r.produced)] = torch.tensor(r.produced)
+        return torch.cat([input_ids.cpu().long(), new], dim=1)
 
     def _eos_ids(self, eos_token_id) -> set[int]:
         if eos_token_id is None:
@@ -221,3 +283,10 @@ class SpecDecoder:
         if eos_token_id is None:
             return set()
         return {int(eos_token_id)} if isinstance(eos_token_id, int) else {int(t) for t in eos_token_id}
+
+    def _pad_id(self, eos: set[int]) -> int:
+        generation_config = getattr(self.target.model, "generation_config", None)
+        pad = getattr(generation_config, "pad_token_id", None)
+        if pad is None:
+            pad = min(eos) if eos else 0
+        return int(pad)

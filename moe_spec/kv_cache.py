@@ -44,3 +44,25 @@ def keep_accepted_path(cache: DynamicCache, prefix_len: int, path: list[int]) ->
     """After a tree pass over `prefix_len` cached positions, keep the prefix plus `path`'s nodes."""
     keep = torch.cat([torch.arange(prefix_len), prefix_len + torch.tensor(path, dtype=torch.long)])
     keep_positions(cache, keep)
+
+
+def gather_columns(cache: DynamicCache, index: torch.Tensor) -> None:
+    """Per row, keep cache columns `index` ([B, P'] long) in every layer, in place."""
+    for layer in cache.layers:
+        if not layer.is_initialized or layer.keys.numel() == 0:
+            continue
+        idx = index.to(layer.keys.device)
+        layer.keys = layer.keys.gather(2, idx[:, None, :, None].expand(-1, layer.keys.shape[1], -1, layer.keys.shape[3]))
+        layer.values = layer.values.gather(
+            2, idx[:, None, :, None].expand(-1, layer.values.shape[1], -1, layer.values.shape[3])
+        )
+
+
+def select_rows(cache: DynamicCache, rows: torch.Tensor) -> None:
+    """Keep only batch rows `rows` ([B'] long) in every layer, in place."""
+    for layer in cache.layers:
+        if not layer.is_initialized or layer.keys.numel() == 0:
+            continue
+        idx = rows.to(layer.keys.device)
+        layer.keys = layer.keys.index_select(0, idx)
+        layer.values = layer.values.index_select(0, idx)

@@ -56,6 +56,8 @@ class Routing:
 
     def select(self, token_index: torch.Tensor) -> "Routing":
         """Routing restricted to some tokens (e.g. one row's nodes). token_index: [T'] long."""
+        if not self.layers:  # dense model: nothing recorded
+            return self
         return Routing(self.layers, self.num_experts, self.experts[:, token_index])
 
     def unique_per_layer(self) -> list[int]:

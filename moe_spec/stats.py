@@ -16,6 +16,8 @@ class StepStats:
     verify_ms: float
     draft_ms: float
     unique_experts_per_layer: tuple[int, ...]  # distinct experts per MoE layer in the verify pass
+    rows: int = 1  # sequences verified together in this pass (tree_size and accepted_length sum over them)
+    verified_tokens: int = 0  # tokens in the verify pass, padding included
 
 
 @dataclass
@@ -37,9 +39,10 @@ class GenerationStats:
 
     @property
     def mean_accept_len(self) -> float:
+        """Tokens produced per row per step (the bonus token included)."""
         if not self.steps:
             return 0.0
-        return sum(s.accepted_length for s in self.steps) / len(self.steps)
+        return sum(s.accepted_length for s in self.steps) / sum(s.rows for s in self.steps)
 
     @property
     def verify_ms(self) -> float:
@@ -51,7 +54,8 @@ class GenerationStats:
 
     @property
     def mean_tree_size(self) -> float:
-        return sum(s.tree_size for s in self.steps) / len(self.steps) if self.steps else 0.0
+        """Drafted nodes verified per row per step."""
+        return sum(s.tree_size for s in self.steps) / sum(s.rows for s in self.steps) if self.steps else 0.0
 
     @property
     def unique_experts_per_layer(self) -> float:

@@ -65,10 +65,17 @@ def test_prompt_beyond_the_context(model):
     _still_usable(decoder, model)
 
 
-def test_batch_larger_than_one_for_now(model):
+def test_bad_batches(model):
     decoder = SpecDecoder(model, drafter=LookupDrafter())
-    with pytest.raises(InputError, match="batch size 2"):
-        decoder.generate(torch.tensor([PLAIN_PROMPT, PLAIN_PROMPT]), max_new_tokens=4)
+    two = torch.tensor([PLAIN_PROMPT, PLAIN_PROMPT])
+    with pytest.raises(InputError, match="attention_mask shape"):
+        decoder.generate(two, attention_mask=torch.ones(2, 3), max_new_tokens=4)
+    with pytest.raises(InputError, match="row 1 of the batch is empty"):
+        decoder.generate(two, attention_mask=torch.tensor([[1] * 10, [0] * 10]), max_new_tokens=4)
+    with pytest.raises(InputError, match="row 0: attention_mask must be left padding"):
+        decoder.generate(two, attention_mask=torch.tensor([[1] * 8 + [0, 0], [1] * 10]), max_new_tokens=4)
+    with pytest.raises(InputError, match="streamer needs a single prompt"):
+        decoder.generate(two, max_new_tokens=4, streamer=object())
     _still_usable(decoder, model)
 
 
@@ -90,7 +97,8 @@ def test_left_padding_is_stripped_for_a_single_prompt(model):
     padded = torch.tensor([[0, 0] + REPETITIVE_PROMPT])
     mask = torch.tensor([[0, 0] + [1] * len(REPETITIVE_PROMPT)])
     result = decoder.generate(padded, attention_mask=mask, max_new_tokens=8)
-    assert torch.equal(result.sequences, hf_greedy(model, REPETITIVE_PROMPT, 8))
+    expected = hf_greedy(model, REPETITIVE_PROMPT, 8)
+    assert torch.equal(result.sequences[:, 2:], expected), "the input comes back as given, padding included"
 
 
 def test_flash_style_attention_is_refused():

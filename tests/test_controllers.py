@@ -74,7 +74,7 @@ def test_policies_return_connected_subtrees_with_the_root(profiled):
             scores[i] = scores[parents[i]] - float(torch.rand((), generator=generator)) * 2
         tree = DraftTree(torch.randint(0, 90, (n,), generator=generator), torch.tensor(parents), scores)
         for name, controller in _policies(profile).items():
-            chosen = controller.select(tree, draft_ms=1.0)
+            (chosen,) = controller.select([tree], draft_ms=1.0)
             assert int(chosen.tokens[0]) == int(tree.tokens[0]), name
             assert len(chosen) <= len(tree)
 

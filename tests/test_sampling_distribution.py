@@ -123,3 +123,31 @@ def test_sampling_stays_exact_under_controller_policies(policy):
     expected = torch.cat([expected[~rare], expected[rare].sum(0, keepdim=True)])
     keep = expected > 0
     assert chisquare(observed[keep].numpy(), expected[keep].numpy()).pvalue > 1e-3
+
+
+def test_sampling_in_a_batch_keeps_each_rows_distribution():
+    """Row 0 shares its verify passes with a shorter, left-padded row 1 and must not notice."""
+
+    class SpawningFullTreeDrafter(FullTreeDrafter):
+        def spawn(self):
+            return SpawningFullTreeDrafter()
+
+    model = tiny_model("qwen3_moe", vocab_size=VOCAB, seed=4)
+    decoder = SpecDecoder(model, drafter=SpawningFullTreeDrafter())
+    ids = torch.tensor([PROMPT, [0, 0, 2, 5]])
+    mask = torch.tensor([[1, 1, 1, 1], [0, 0, 1, 1]])
+    generator = torch.Generator().manual_seed(11)
+    samples = 1500
+    counts = torch.zeros(VOCAB, VOCAB)
+    for _ in range(samples):
+        result = decoder.generate(ids, attention_mask=mask, max_new_tokens=4, temperature=1.0, eos_token_id=[],
+                                  generator=generator)
+        _x1, x2, x3, _x4 = result.sequences[0, len(PROMPT):].tolist()
+        counts[x2, x3] += 1
+    exact = _exact_distribution_of_tokens_2_and_3(model, SamplingConfig(1.0))
+    expected = exact / exact.sum() * samples
+    rare = expected < 5
+    observed = torch.cat([counts[~rare], counts[rare].sum(0, keepdim=True)])
+    expected = torch.cat([expected[~rare], expected[rare].sum(0, keepdim=True)])
+    keep = expected > 0
+    assert chisquare(observed[keep].numpy(), expected[keep].numpy()).pvalue > 1e-3

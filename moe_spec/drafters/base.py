@@ -46,3 +46,6 @@ class Drafter(Protocol):
 
     def commit(self, tokens: torch.Tensor, features: torch.Tensor) -> None:
         """tokens: [A] long now in the target's cache; features: [A, S, D] their hidden states."""
+
+    def spawn(self) -> "Drafter":
+        """A fresh drafter sharing this one's weights and settings, for another row of a batch."""

@@ -27,6 +27,10 @@ class LookupDrafter:
         self.default_budget = budget or TreeBudget(max_nodes=16, max_depth=8, branching=4)
         self._history: list[int] = []
 
+    def spawn(self) -> "LookupDrafter":
+        """A fresh drafter with the same settings, for another sequence of a batch."""
+        return LookupDrafter(self.max_ngram, self.min_ngram, self.max_matches, self.default_budget)
+
     def begin(self, prompt: torch.Tensor, features: torch.Tensor) -> None:
         self._history = prompt.tolist()
 
