@@ -1,22 +1,29 @@
 """`EagleDrafter`: an EAGLE-2 dynamic draft tree (Li et al., 2024) grown by an `EagleHead`.
 
-Cache handling. The head keeps its own `DynamicCache` holding exactly the committed pairs
-(features of position t, token t+1) whose features came from the target. `begin` and `commit`
-only queue the new pairs (no compute); `propose` runs them through the head in its first forward
-together with the pending pair (features of the last committed position, root token), whose
-output gives the root's children. Each further depth is one batched forward of the frontier
-nodes chosen for expansion, appended to the cache with an ancestor mask and explicit positions
-(a node at depth d sits at position C + d, C = committed pairs); before returning, everything
-after the C committed pairs is cropped away (the root pair too: its token is committed next, by
-`commit`, and re-queued then).
+Cache handling. The head's keys and values live in a `HeadRunner`'s preallocated buffer whose
+first `length` columns are exactly the committed pairs (features of position t, token t+1) whose
+features came from the target. `begin` and `commit` only queue the new pairs (fusing their
+features); `propose` runs them through the head in its first forward together with the pending
+pair (features of the last committed position, root token), whose output gives the root's
+children (only that last pair's attention and MLP are computed: the committed pairs' h is never
+read). Each further depth is one batched forward of the frontier nodes chosen for expansion,
+written into the buffer after the root pair with an ancestor mask, all at position C + d - 1 for
+nodes at depth d - 1 (C = committed pairs). Before returning, `length` goes back to C: the root
+pair and the drafts are simply overwritten by the next writes (the root pair's token is
+committed next, by `commit`, and re-queued then).
 
-Tree growth, as EAGLE-2's `topK_genrate`: the root's top-`branching` children; at each further
-depth the `branching` best nodes of the newest depth by cumulative log-probability are expanded
-(one forward), each into its top-`branching` children; after `max_depth` depths every drafted node
-is reranked globally by cumulative log-probability and the best `max_nodes` are kept. A child's
-cumulative log-probability never exceeds its parent's and ties go to the lower (earlier) index,
-so the kept set is closed under parents. When sampling, the draft distribution is the sampled
-one (`moe_spec.sampling.probabilities`), and candidates it gives zero probability are not drafted.
+Tree growth, as EAGLE-2's `topK_genrate`: the root's top-`w` children; at each further depth the
+`w` best nodes of the newest depth by cumulative log-probability are expanded (one forward),
+each into its top-`w` children; after `max_depth` depths every drafted node is reranked globally
+by cumulative log-probability and the best `max_nodes` are kept. `w = min(branching, max_nodes)`:
+with `branching >= max_nodes` the kept set is the exact top-`max_nodes` of the full
+`branching`-ary tree either way (up to exact score ties), so a small budget does proportionally
+less work. A child's cumulative log-probability never exceeds its parent's and ties go to the
+lower (earlier) index, so the kept set is closed under parents, and a frontier node scoring no
+better than the current `max_nodes`-th best drafted node cannot have a descendant in the kept
+set: such nodes are not expanded, and growth stops once no frontier node beats that threshold.
+This pruning never changes the kept set. When sampling, the draft distribution is the sampled one
+(`moe_spec.sampling.probabilities`), and candidates it gives zero probability are not drafted.
 """
 
 from __future__ import annotations
@@ -24,10 +31,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
-from transformers import DynamicCache
 
 from moe_spec.drafters.base import TreeBudget
-from moe_spec.drafters.eagle_head import EagleHead, additive_mask, check_fits
+from moe_spec.drafters.eagle_head import EagleHead, HeadRunner, check_fits
 from moe_spec.sampling import SamplingConfig, probabilities
 from moe_spec.target import TargetModel
 from moe_spec.tree import DraftTree
@@ -37,14 +43,16 @@ class EagleDrafter:
     def __init__(self, head: EagleHead, target: TargetModel, budget: TreeBudget | None = None):
         check_fits(head.config, target)
         self.head = head.eval()
+        self.target = target
         self.embed = target.model.get_input_embeddings()  # the target's, frozen, used as is
         self.default_budget = budget or TreeBudget(max_nodes=60, max_depth=5, branching=10)
         self._device = self.embed.weight.device
         self.head.to(self._device)
-        self._cache = DynamicCache()
+        self._runner = HeadRunner(self.head, self.embed)
         self._queued_g: list[torch.Tensor] = []  # each [A, D] fused target features of queued pairs
         self._queued_tokens: list[torch.Tensor] = []  # each [A] long: the tokens of those pairs
-        self._last_features: torch.Tensor | None = None  # [S, D] of the last committed position
+        self._last_g: torch.Tensor | None = None  # [1, D] fused features of the last committed position
+        self._tables: dict = {}  # per (width, dtype): constant index/mask tensors of `_grow`
 
     @staticmethod
     def from_pretrained(directory: str | Path, target: TargetModel, budget: TreeBudget | None = None) -> "EagleDrafter":
@@ -53,120 +61,138 @@ class EagleDrafter:
     def save_pretrained(self, directory: str | Path) -> None:
         self.head.save_pretrained(directory)
 
+    def spawn(self) -> EagleDrafter:
+        """A fresh drafter sharing this one's head (weights) and budget, with its own cache."""
+        return EagleDrafter(self.head, self.target, self.default_budget)
+
+    @property
+    def rows_drafted(self) -> int:
+        """Tree rows the head has run so far (expanded nodes at depths >= 1, over all `propose` calls)."""
+        return self._runner.rows_drafted
+
     # -- the Drafter protocol ----------------------------------------------------------------
 
-    @torch.no_grad()
+    @torch.inference_mode()
     def begin(self, prompt: torch.Tensor, features: torch.Tensor) -> None:
         """prompt: [T] long; features: [T, S, D]."""
-        self._cache = DynamicCache()
+        self._runner.reset()
         self._queued_g, self._queued_tokens = [], []
-        features = features.to(self._device)
+        g = self.head.fuse(features.to(self._device))  # [T, D]
         if prompt.numel() > 1:
-            self._queue(features[:-1], prompt[1:])
-        self._last_features = features[-1]
+            self._queue(g[:-1], prompt[1:])
+        self._last_g = g[-1:]
 
-    @torch.no_grad()
+    @torch.inference_mode()
     def commit(self, tokens: torch.Tensor, features: torch.Tensor) -> None:
         """tokens: [A] long; features: [A, S, D]. Pairs (previous features, tokens[0]), (features[0], tokens[1]), ..."""
-        features = features.to(self._device)
-        self._queue(torch.cat([self._last_features[None], features[:-1]]), tokens)
-        self._last_features = features[-1]
+        g = self.head.fuse(features.to(self._device))  # [A, D]
+        self._queue(torch.cat([self._last_g, g[:-1]]), tokens)
+        self._last_g = g[-1:]
 
-    @torch.no_grad()
     def propose(self, root_token: int, budget: TreeBudget, sampling: SamplingConfig) -> DraftTree:
-        if self._last_features is None:
+        if self._last_g is None:
             raise RuntimeError("EagleDrafter.propose called before begin")
         max_depth = min(budget.max_depth, budget.max_nodes)
         if max_depth == 0:
             return DraftTree.root_only(root_token)
-        width = min(budget.branching, self.head.config.draft_vocab_size)
-
-        # depth 0: queued committed pairs + the root pair, causally, in one forward
-        self._queue(self._last_features[None], torch.tensor([root_token]))
-        g = torch.cat(self._queued_g)  # [A, D]
-        tokens = torch.cat(self._queued_tokens).to(self._device)  # [A]
-        self._queued_g, self._queued_tokens = [], []
-        start = self._cache.get_seq_length()
-        n = tokens.numel()
-        visible = torch.cat([torch.ones(n, start, dtype=torch.bool), torch.tril(torch.ones(n, n, dtype=torch.bool))], -1)
-        h = self._forward(g, tokens, visible, torch.arange(start, start + n))  # [A, D]
-        committed = start + n - 1  # the root pair is re-queued by commit
-        try:
-            return self._grow(root_token, h[-1], committed, max_depth, width, budget.max_nodes, sampling)
-        finally:
-            self._cache.crop(committed - self._cache.get_seq_length())  # negative: drop the drafts
+        width = min(budget.branching, budget.max_nodes, self.head.config.draft_vocab_size)
+        with torch.inference_mode():
+            runner = self._runner
+            runner.refresh()
+            # depth 0: queued committed pairs + the root pair, causally, in one forward
+            g = torch.cat(self._queued_g + [self._last_g])  # [A, D]
+            tokens = torch.cat(self._queued_tokens + [torch.tensor([root_token], device=self._device)])
+            self._queued_g, self._queued_tokens = [], []
+            h_root = runner.extend(g, tokens)  # [D]
+            committed = runner.length - 1  # the root pair is re-queued by commit
+            try:
+                ids, parents, scores = self._grow(h_root, committed, max_depth, width, budget.max_nodes, sampling)
+            finally:
+                runner.length = committed  # drop the root pair and the drafts
+        # outside inference mode, so the tree holds ordinary tensors
+        return self._rerank(root_token, ids, parents, scores, budget.max_nodes)
 
     # -- internals -----------------------------------------------------------------------------
 
-    def _queue(self, features: torch.Tensor, tokens: torch.Tensor) -> None:
-        """features: [A, S, D] target features; tokens: [A] the tokens that follow them."""
-        self._queued_g.append(self.head.fuse(features))  # [A, D]
-        self._queued_tokens.append(tokens.long().cpu())
-
-    def _forward(self, g: torch.Tensor, tokens: torch.Tensor, visible: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        """One head forward of N pairs. g: [N, D]; tokens: [N] target ids; visible: [N, P + N] bool."""
-        embeds = self.embed(tokens.to(self._device))  # [N, D]
-        mask = additive_mask(visible.to(self._device)[None], self.head.proj.weight.dtype)  # [1, 1, N, P + N]
-        return self.head(g[None], embeds[None], mask, positions.to(self._device)[None], self._cache)[0]
+    def _queue(self, g: torch.Tensor, tokens: torch.Tensor) -> None:
+        """g: [A, D] fused target features; tokens: [A] the tokens that follow them."""
+        self._queued_g.append(g)
+        self._queued_tokens.append(tokens.to(self._device, torch.long))
 
     def _log_probs(self, h: torch.Tensor, sampling: SamplingConfig) -> torch.Tensor:
         """[M, D] -> [M, V_draft] draft log-probabilities (of the sampled distribution when sampling)."""
-        logits = self.head.logits(h).float()
+        logits = self._runner.logits(h).float()
         if sampling.greedy:
             return torch.log_softmax(logits, dim=-1)
         return probabilities(logits, sampling).log()
 
-    def _grow(self, root_token: int, h_root: torch.Tensor, committed: int, max_depth: int, width: int,
-              max_nodes: int, sampling: SamplingConfig) -> DraftTree:
-        """h_root: [D] the root pair's output. Node 0 is the root; nodes are numbered depth by depth."""
-        tokens = [torch.tensor([-1])]  # per depth: [M_d] draft ids
-        parents = [torch.tensor([-1])]  # per depth: [M_d] node index of the parent
-        scores = [torch.zeros(1)]  # per depth: [M_d] cumulative draft log-probability
-        h_of = {0: h_root}  # expanded node -> its h [D]: its children's g
-        seen = {0: torch.zeros(committed + 1, dtype=torch.bool)}  # expanded node -> head cache columns it sees
-        seen[0][committed] = True  # the root pair; committed pairs are added to every row below
+    def _constants(self, width: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(row of each child [w * w], tree mask of a lone root [1, 1], diagonal mask [w, w]) for `_grow`."""
+        dtype = self._runner.dtype
+        key = (width, dtype)
+        if key not in self._tables:
+            closed = torch.full((width, width), torch.finfo(dtype).min, dtype=dtype, device=self._device)
+            self._tables[key] = (
+                torch.arange(width, device=self._device).repeat_interleave(width),
+                torch.zeros(1, 1, dtype=dtype, device=self._device),
+                closed.fill_diagonal_(0.0),
+            )
+        return self._tables[key]
 
-        def add_children(nodes: torch.Tensor, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-            """nodes: [M] expanded; h: [M, D]. Appends their top-`width` children; returns (ids, scores) of them."""
-            logp = self._log_probs(h, sampling)  # [M, V_draft]
-            top_logp, top_ids = (t.cpu() for t in logp.topk(width, dim=-1))  # [M, width] each
-            cumulative = (node_scores[nodes][:, None] + top_logp).flatten()  # [M * width]
-            keep = cumulative > float("-inf")  # candidates the sampled draft can never produce are not drafted
-            first = sum(t.numel() for t in tokens)
-            tokens.append(top_ids.flatten()[keep])
-            parents.append(nodes[:, None].expand(-1, width).flatten()[keep])
-            scores.append(cumulative[keep])
-            return torch.arange(first, first + int(keep.sum())), scores[-1]
+    def _grow(self, h_root: torch.Tensor, committed: int, max_depth: int, width: int, max_nodes: int,
+              sampling: SamplingConfig) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """h_root: [D] the root pair's output. Returns every drafted node's (draft id, parent, score);
+        nodes are numbered from 1 (the root is 0) depth by depth, each depth in expansion order."""
+        runner, greedy = self._runner, sampling.greedy
+        child_rows, tree_mask, diagonal = self._constants(width)
 
-        node_scores = torch.zeros(1)
-        frontier, frontier_scores = add_children(torch.tensor([0]), h_root[None])
+        def children(h: torch.Tensor, base: torch.Tensor):
+            """h: [M, D] of expanded nodes with cumulative scores base [M] -> their top-`width` children:
+            (draft ids, cumulative scores, row of the parent in h), candidates of probability zero dropped."""
+            top_logp, top_ids = self._log_probs(h, sampling).topk(width, dim=-1)  # [M, w] each
+            cumulative = (base[:, None] + top_logp).view(-1)
+            ids, rows = top_ids.view(-1), child_rows[: cumulative.numel()]
+            if greedy:  # log_softmax of finite logits is finite
+                return ids, cumulative, rows
+            keep = cumulative > float("-inf")
+            return ids[keep], cumulative[keep], rows[keep]
+
+        ids, scores, rows = children(h_root[None], torch.zeros(1, device=h_root.device))
+        all_ids, all_parents, all_scores = [ids], [torch.zeros_like(ids)], [scores]
+        first, drafted = 1, ids.numel()  # node index of the newest depth's first node; nodes so far
+        h = h_root[None]  # h of the rows expanded last: the newest depth's parents
         for depth in range(2, max_depth + 1):
-            if frontier.numel() == 0:
+            if scores.numel() == 0:
                 break
-            all_parents = torch.cat(parents)
-            all_tokens = torch.cat(tokens)
-            best = torch.sort(frontier_scores, descending=True, stable=True).indices[:width]  # ties: lower index
-            order = frontier[best]  # [M] nodes to expand
-            length = self._cache.get_seq_length()
+            ranked, order = torch.sort(scores, descending=True, stable=True)  # ties: lower index first
+            ranked, order = ranked[:width], order[:width]
+            if drafted >= max_nodes:  # nodes no better than the max_nodes-th best have no kept descendant
+                threshold = torch.cat(all_scores).topk(max_nodes).values[-1]
+                m = int((ranked > threshold).sum())
+                if m == 0:
+                    break
+                ranked, order = ranked[:m], order[:m]
             m = order.numel()
-            visible = torch.zeros(m, length + m, dtype=torch.bool)
-            visible[:, :committed] = True
-            for row, node in enumerate(order.tolist()):
-                parent_seen = seen[int(all_parents[node])]
-                visible[row, : parent_seen.numel()] |= parent_seen
-                visible[row, length + row] = True
-                seen[node] = visible[row].clone()
-            g = torch.stack([h_of[int(p)] for p in all_parents[order]])  # [M, D]: parents' h stand in for features
-            ids = self.head.draft_to_target[all_tokens[order].to(self._device)]
-            h = self._forward(g, ids, visible, torch.full((m,), committed + depth - 1))  # [M, D]
-            h_of.update(zip(order.tolist(), h))
-            node_scores = torch.cat(scores)
-            frontier, frontier_scores = add_children(order, h)
+            parent_rows = rows[order]
+            tree_mask = torch.cat([tree_mask[parent_rows], diagonal[:m, :m]], dim=1)  # [m, tree columns]
+            h = runner.draft(h[parent_rows], runner.d2t[ids[order]], committed + depth - 1, committed, tree_mask)
+            nodes = order + first  # node indices of the expanded
+            first += scores.numel()
+            ids, scores, rows = children(h, ranked)
+            all_ids.append(ids)
+            all_parents.append(nodes[rows])
+            all_scores.append(scores)
+            drafted += ids.numel()
+        return torch.cat(all_ids), torch.cat(all_parents), torch.cat(all_scores)
 
-        all_scores = torch.cat(scores)
-        keep = torch.sort(all_scores[1:], descending=True, stable=True).indices[:max_nodes] + 1
-        ids = torch.cat(tokens)
-        ids[1:] = self.head.draft_to_target[ids[1:].to(self._device)].cpu()
-        ids[0] = root_token
-        tree = DraftTree(ids, torch.cat(parents), all_scores.float())
-        return tree.subtree(torch.cat([torch.tensor([0]), keep]))
+    def _rerank(self, root_token: int, ids: torch.Tensor, parents: torch.Tensor, scores: torch.Tensor,
+                max_nodes: int) -> DraftTree:
+        """The best `max_nodes` drafted nodes (ties: lower index), in node order, as a tree under the root."""
+        best = torch.sort(scores, descending=True, stable=True).indices[:max_nodes].sort().values  # [K]
+        kept = torch.cat([best.new_zeros(1), best + 1])  # node indices, root first, ascending
+        new_parents = torch.searchsorted(kept, parents[best])  # closed under parents: every one is found
+        return DraftTree(
+            torch.cat([torch.tensor([root_token]), self._runner.d2t[ids[best]].cpu()]),
+            torch.cat([torch.tensor([-1]), new_parents.cpu()]),
+            torch.cat([torch.zeros(1), scores[best].float().cpu()]),
+        )

@@ -30,6 +30,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 from torch import nn
+from torch.nn import functional as F
 from transformers import DynamicCache, LlamaConfig
 from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRMSNorm, LlamaRotaryEmbedding
 
@@ -257,16 +258,23 @@ class EagleHead(nn.Module):
 class HeadRunner:
     """Inference-only forward of an `EagleHead` over a preallocated key/value buffer.
 
-    The same math as `EagleHead.forward` (the decoder layer written out op by op, q/k/v and
-    gate/up each in one matmul, rotary cos/sin from a table), without HF's module and cache
-    plumbing: the drafter's per-depth cost is mostly that overhead at these sizes. Keys and values
-    live in `[1, H, capacity, head_dim]` buffers written by index (gpt-fast style); `length` columns
-    are the committed pairs, and everything past them is scratch that the next write overwrites,
-    so dropping drafts is just not advancing `length`. Training keeps using `EagleHead.forward`.
+    The same math as `EagleHead.forward`, written out op by op without HF's module, mask and cache
+    plumbing (at a drafter's sizes that plumbing, not arithmetic, was most of the cost): q/k/v and
+    gate/up each in one matmul, rotary cos/sin looked up in a table computed once by the head's own
+    rotary module, RMSNorm as `F.rms_norm` (bitwise equal in float32). Training keeps using
+    `EagleHead.forward`; `tests/test_eagle_drafter.py` holds the two together.
 
-    `extend` appends pairs causally and returns only the last pair's h (the other pairs' h is never
-    read: a later pair reads the target's features, not h); `draft` runs rows that all sit at one
-    position and see the committed pairs plus the tree columns their mask allows.
+    Keys and values live in `[H, capacity, head_dim]` buffers written by index (gpt-fast style):
+    `length` columns are the committed pairs; anything past them is scratch that the next write
+    overwrites, so dropping drafts is just not advancing `length`.
+
+    `extend` appends pairs causally and returns only the last pair's h: the other pairs' h is never
+    read (a later pair reads the target's features, not h), so their attention and MLP are skipped.
+    `draft` runs rows that all sit at one position and see every column before `tree_start` plus
+    the tree columns their additive mask opens.
+
+    Fused weights are copies, rebuilt when any head parameter changes (`refresh`, checked on every
+    `EagleDrafter.propose`), so training a head that a drafter wraps stays safe.
     """
 
     def __init__(self, head: EagleHead, embed: nn.Module):
@@ -275,8 +283,10 @@ class HeadRunner:
         self.length = 0  # committed key/value columns
         self.rows_extended = 0  # rows run by `extend` (committed pairs and root pairs)
         self.rows_drafted = 0  # rows run by `draft` (expanded tree nodes)
-        self._weights_key = None
-        self._k = self._v = None  # [1, H, capacity, head_dim]
+        self._params: list[torch.Tensor] = []
+        self._key = None
+        self._k = self._v = None  # [H, capacity, head_dim]
+        self._zeros = None  # [rows, capacity] float zeros: the mask's committed part
         self._cos = self._sin = None  # [positions, head_dim]
 
     # -- state ------------------------------------------------------------------------------
@@ -284,67 +294,87 @@ class HeadRunner:
     def reset(self) -> None:
         self.length = 0
 
+    def _state_key(self) -> tuple:
+        return tuple(p.data_ptr() for p in self._params) + tuple(p._version for p in self._params)
+
     def refresh(self) -> None:
-        """(Re)build the fused weights when the head's parameters changed (trained, moved, cast)."""
-        head = self.head
-        params = [p for p in head.parameters()] + [self.embed.weight]
-        key = tuple((p.data_ptr(), p._version, p.dtype, p.device) for p in params)
-        if key == self._weights_key:
+        """(Re)build the fused weights if the head's parameters were updated, replaced, moved or cast."""
+        if self._key is not None and self._state_key() == self._key:
             return
+        head = self.head
         layer, attn, mlp = head.layer, head.layer.self_attn, head.layer.mlp
-        if any(m.bias is not None for m in (attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj,
-                                            mlp.gate_proj, mlp.up_proj, mlp.down_proj)):
+        projections = (attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj, mlp.gate_proj, mlp.up_proj, mlp.down_proj)
+        if any(m.bias is not None for m in projections):
             raise NotImplementedError("HeadRunner assumes bias-free projections, as EagleConfig builds them")
-        self.dtype = head.proj.weight.dtype
-        self.device = head.proj.weight.device
+        self._params = [p for p in head.parameters()] + [self.embed.weight]
+        dtype, device = head.proj.weight.dtype, head.proj.weight.device
+        self.dtype, self.device = dtype, device
         self.num_heads = head.config.num_attention_heads
         self.head_dim = attn.head_dim
         self.scaling = attn.scaling
         self.intermediate = mlp.intermediate_size
-        self.act = mlp.act_fn
-        self.qkv_w = torch.cat([attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight]).detach()
-        self.gate_up_w = torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]).detach()
-        self.o_w, self.down_w = attn.o_proj.weight.detach(), mlp.down_proj.weight.detach()
+        self.act = F.silu if type(mlp.act_fn).__name__ == "SiLUActivation" else mlp.act_fn  # skips a module call
+        with torch.no_grad():
+            self.qkv_w = torch.cat([attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight])  # [3 H hd, D]
+            self.gate_up_w = torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight])  # [2 I, D]
+            self.down_wt = mlp.down_proj.weight.t().contiguous()  # [I, D]: mm beats linear at these shapes
+        self.o_w = attn.o_proj.weight.detach()
         self.proj_w, self.fc_w = head.proj.weight.detach(), head.fc.weight.detach()
         self.lm_w = head.lm_head.weight.detach()
         self.norms = {name: (m.weight.detach(), m.variance_epsilon) for name, m in (
             ("g", head.feature_norm), ("e", head.embed_norm), ("in", layer.input_layernorm),
             ("post", layer.post_attention_layernorm), ("out", head.norm))}
+        self._fast_norm = all(w.dtype == torch.float32 for w, _ in self.norms.values()) and dtype == torch.float32
         self.embed_w = self.embed.weight.detach()
         self.d2t = head.draft_to_target
         self._cos = self._sin = None
-        if self._k is not None and (self._k.dtype != self.dtype or self._k.device != self.device):
-            self._k = self._v = None
-            self.length = 0
-        self._weights_key = key
+        if self._k is not None and (self._k.dtype != dtype or self._k.device != device):
+            self._k, self._v = self._k.to(device, dtype), self._v.to(device, dtype)
+            self._zeros = None
+        self._key = self._state_key()
 
     def reserve(self, columns: int, keep: int | None = None) -> None:
         """Make room for `columns` key/value columns, keeping the first `keep` (default: the committed ones)."""
-        if self._k is not None and self._k.shape[2] >= columns:
+        if self._k is not None and self._k.shape[1] >= columns:
             return
         keep = self.length if keep is None else keep
-        capacity = max(columns, 2 * (self._k.shape[2] if self._k is not None else 128))
-        shape = (1, self.num_heads, capacity, self.head_dim)
-        k = torch.zeros(shape, dtype=self.dtype, device=self.device)
-        v = torch.zeros(shape, dtype=self.dtype, device=self.device)
+        capacity = max(columns, 2 * (self._k.shape[1] if self._k is not None else 256))
+        k = torch.zeros(self.num_heads, capacity, self.head_dim, dtype=self.dtype, device=self.device)
+        v = torch.zeros_like(k)
         if self._k is not None and keep:
-            k[:, :, :keep] = self._k[:, :, :keep]
-            v[:, :, :keep] = self._v[:, :, :keep]
+            k[:, :keep] = self._k[:, :keep]
+            v[:, :keep] = self._v[:, :keep]
         self._k, self._v = k, v
+        self._zeros = None
+
+    def _mask_zeros(self, rows: int, columns: int) -> torch.Tensor:
+        if self._zeros is None or self._zeros.shape[0] < rows or self._zeros.shape[1] < columns:
+            shape = (max(rows, 16), max(columns, self._k.shape[1]))
+            self._zeros = torch.zeros(shape, dtype=self.dtype, device=self.device)
+        return self._zeros[:rows, :columns]
 
     def _rotary(self, positions: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos, sin [>= positions, head_dim]: the head's own rotary module, evaluated once per position."""
+        """cos, signed sin [>= positions, head_dim], from the head's own rotary module.
+
+        The sin table has its first half negated, so `x * cos + swap_halves(x) * sin` is exactly
+        HF's `x * cos + rotate_half(x) * sin` (a sign flip is exact; the table's entries are the
+        module's, computed elementwise from the position).
+        """
         if self._cos is None or self._cos.shape[0] < positions:
             n = max(positions, 2 * (self._cos.shape[0] if self._cos is not None else 512))
             probe = torch.empty(0, dtype=self.dtype, device=self.device)
             cos, sin = self.head.rotary(probe, torch.arange(n, device=self.device)[None])
-            self._cos, self._sin = cos[0], sin[0]
+            half = self.head_dim // 2
+            self._cos, self._sin = cos[0], torch.cat([-sin[0, :, :half], sin[0, :, half:]], dim=-1)
         return self._cos, self._sin
 
     # -- math (mirrors EagleHead.forward / LlamaDecoderLayer) ---------------------------------
 
     def _norm(self, name: str, x: torch.Tensor) -> torch.Tensor:
+        """LlamaRMSNorm; in float32 `F.rms_norm` is the same arithmetic in one op."""
         weight, eps = self.norms[name]
+        if self._fast_norm and x.dtype == torch.float32:
+            return F.rms_norm(x, (x.shape[-1],), weight, eps)
         dtype = x.dtype
         x = x.to(torch.float32)
         x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
@@ -352,36 +382,36 @@ class HeadRunner:
 
     def fuse(self, features: torch.Tensor) -> torch.Tensor:
         """[..., S, D] -> [..., D], as `EagleHead.fuse`."""
-        return torch.nn.functional.linear(features.flatten(-2).to(self.dtype), self.fc_w)
+        return F.linear(features.flatten(-2).to(self.dtype), self.fc_w)
 
     def logits(self, h: torch.Tensor) -> torch.Tensor:
-        return torch.nn.functional.linear(self._norm("out", h), self.lm_w)
+        """[M, D] -> [M, V_draft], as `EagleHead.logits`."""
+        return F.linear(self._norm("out", h), self.lm_w)
 
     def _input(self, g: torch.Tensor, token_ids: torch.Tensor) -> torch.Tensor:
-        """[N, D], [N] target ids -> x [N, D], the decoder layer's input."""
+        """g [N, D], target ids [N] -> x [N, D], the decoder layer's input (and residual stream)."""
         embeds = self.embed_w.index_select(0, token_ids)
         both = torch.cat([self._norm("g", g.to(self.dtype)), self._norm("e", embeds.to(self.dtype))], dim=-1)
-        return torch.nn.functional.linear(both, self.proj_w)
+        return F.linear(both, self.proj_w)
 
     def _qkv(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
-        """x [N, D] (the residual stream); cos/sin [N or 1, hd] -> q, k, v [1, H, N, hd] with rotary applied."""
+        """x [N, D]; cos/sin [N, hd] or [hd] -> q, k, v [H, N, hd], rotary applied to q and k."""
         n, h, hd = x.shape[0], self.num_heads, self.head_dim
-        qkv = torch.nn.functional.linear(self._norm("in", x), self.qkv_w)  # [N, 3 H hd]
-        q, k, v = qkv.view(n, 3, h, hd).permute(1, 2, 0, 3).unsqueeze(1).unbind(0)  # each [1, H, N, hd]
-        half = hd // 2
-        q = q * cos + torch.cat([-q[..., half:], q[..., :half]], dim=-1) * sin
-        k = k * cos + torch.cat([-k[..., half:], k[..., :half]], dim=-1) * sin
-        return q, k, v
+        qkv = F.linear(self._norm("in", x), self.qkv_w)  # [N, 3 H hd]
+        qk = qkv[:, : 2 * h * hd].view(n, 2 * h, 2, hd // 2)
+        swapped = qk.flip(-2).view(n, 2 * h, hd)  # rotate_half up to the sign, which `sin` carries
+        if cos.dim() == 2:
+            cos, sin = cos[:, None], sin[:, None]
+        qk = (qk.view(n, 2 * h, hd) * cos + swapped * sin).transpose(0, 1)  # [2H, N, hd]
+        return qk[:h], qk[h:], qkv[:, 2 * h * hd:].view(n, h, hd).transpose(0, 1)
 
     def _finish(self, x: torch.Tensor, q: torch.Tensor, columns: int, mask: torch.Tensor | None) -> torch.Tensor:
-        """Attention of q [1, H, M, hd] over the first `columns` buffered keys, then o_proj, MLP, residuals."""
-        m = q.shape[2]
-        out = torch.nn.functional.scaled_dot_product_attention(
-            q, self._k[:, :, :columns], self._v[:, :, :columns], attn_mask=mask, scale=self.scaling)
-        out = out.transpose(1, 2).reshape(m, -1)
-        x = x + torch.nn.functional.linear(out, self.o_w)
-        gate, up = torch.nn.functional.linear(self._norm("post", x), self.gate_up_w).split(self.intermediate, dim=-1)
-        return x + torch.nn.functional.linear(self.act(gate) * up, self.down_w)
+        """Attention of q [H, M, hd] over the first `columns` buffered keys, then o_proj, MLP, residuals."""
+        out = F.scaled_dot_product_attention(
+            q[None], self._k[None, :, :columns], self._v[None, :, :columns], attn_mask=mask, scale=self.scaling)
+        x = x + F.linear(out[0].transpose(0, 1).reshape(x.shape[0], -1), self.o_w)
+        gate, up = F.linear(self._norm("post", x), self.gate_up_w).split(self.intermediate, dim=-1)
+        return x + torch.mm(self.act(gate) * up, self.down_wt)
 
     # -- the two kinds of forward ---------------------------------------------------------------
 
@@ -391,32 +421,32 @@ class HeadRunner:
         Returns h [D] of the last pair only. `length` advances by N.
         """
         n, start = token_ids.shape[0], self.length
-        self.reserve(start + n)
-        cos, sin = self._rotary(start + n)
+        end = start + n
+        self.reserve(end)
+        cos, sin = self._rotary(end)
         x = self._input(g, token_ids)
-        q, k, v = self._qkv(x, cos[start: start + n], sin[start: start + n])
-        self._k[:, :, start: start + n] = k
-        self._v[:, :, start: start + n] = v
-        self.length = start + n
+        q, k, v = self._qkv(x, cos[start:end], sin[start:end])
+        self._k[:, start:end] = k
+        self._v[:, start:end] = v
+        self.length = end
         self.rows_extended += n
-        return self._finish(x[-1:], q[:, :, -1:], start + n, None)[0]  # the last row sees every column
+        return self._finish(x[-1:], q[:, -1:], end, None)[0]  # the last row sees every column
 
-    def draft(self, g: torch.Tensor, token_ids: torch.Tensor, position: int, write_at: int,
-              tree_visible: torch.Tensor, tree_start: int) -> torch.Tensor:
-        """M tree rows (g [M, D], target ids [M]), all at `position`, written at columns write_at..+M.
+    def draft(self, g: torch.Tensor, token_ids: torch.Tensor, position: int, tree_start: int,
+              tree_mask: torch.Tensor) -> torch.Tensor:
+        """M rows (g [M, D], target ids [M]) at `position`, written at the last M of the tree's columns.
 
-        tree_visible: [M, write_at + M - tree_start] bool, which of the columns from `tree_start`
-        each row sees; every row sees all columns before `tree_start`. Returns h [M, D].
+        tree_mask: [M, T] additive (0 or dtype-min) over columns tree_start..tree_start+T-1, the
+        last M of which are these rows; every column before `tree_start` is visible. Returns h [M, D].
         """
-        m = token_ids.shape[0]
-        columns = write_at + m
+        m, columns = token_ids.shape[0], tree_start + tree_mask.shape[1]
+        write_at = columns - m
         self.reserve(columns, keep=write_at)
         cos, sin = self._rotary(position + 1)
         x = self._input(g, token_ids)
         q, k, v = self._qkv(x, cos[position], sin[position])
-        self._k[:, :, write_at:columns] = k
-        self._v[:, :, write_at:columns] = v
-        mask = torch.zeros(m, columns, dtype=self.dtype, device=self.device)
-        mask[:, tree_start:].masked_fill_(~tree_visible, torch.finfo(self.dtype).min)
+        self._k[:, write_at:columns] = k
+        self._v[:, write_at:columns] = v
+        mask = torch.cat([self._mask_zeros(m, tree_start), tree_mask], dim=1)
         self.rows_drafted += m
         return self._finish(x, q, columns, mask)
