@@ -17,7 +17,7 @@ import torch
 from moe_spec.acceptance import Acceptance
 from moe_spec.cost_model import CostModel
 from moe_spec.drafters.base import TreeBudget
-from moe_spec.online_correction import AcceptanceCorrection, CostCorrection
+from moe_spec.online_correction import AcceptanceCorrection, CostCorrection, ThroughputTracker
 from moe_spec.selection import StepPrices, best_first_forest, best_prefix_by_score, subset_verify_ms
 from moe_spec.tree import DraftTree
 
@@ -66,13 +66,17 @@ class _ProfiledController:
     def values(self, tree: DraftTree) -> torch.Tensor:
         """[N] calibrated P(on accepted path), corrected per depth, kept non-increasing along paths."""
         values = self.profile.calibrated_path_probability(tree).double().clone()
-        if self.adapt:
-            depths = tree.depths.tolist()
-            parents = tree.parents.tolist()
-            for i in range(1, len(tree)):
-                corrected = float(values[i]) * self.acceptance_correction.factor(depths[i])
-                values[i] = min(corrected, float(values[parents[i]]) if parents[i] > 0 else 1.0)
         values[0] = 1.0
+        if self.adapt and len(tree) > 1:
+            depths, parents = tree.depths, tree.parents
+            deepest = int(depths.max())
+            factor = torch.tensor([1.0] + [self.acceptance_correction.factor(d) for d in range(1, deepest + 1)],
+                                  dtype=torch.float64)
+            values = values * factor[depths]
+            for depth in range(1, deepest + 1):  # keep values non-increasing down every path
+                level = depths == depth
+                values[level] = torch.minimum(values[level], values[parents[level]])
+            values[0] = 1.0
         return values
 
     def cost_model(self) -> CostModel:
@@ -100,7 +104,13 @@ class _ProfiledController:
         return subset_verify_ms(cost, list(range(sum(len(t) for t in trees))), probs)
 
     def _expert_probs(self, tree: DraftTree) -> torch.Tensor | None:
-        return self.profile.predicted_experts(tree) if self.profile.cost_model.num_layers else None
+        """[L, N, E] predicted routing, in the form the profile found to predict unique experts best
+        (0/1 top-K sets or probabilities; probabilities over many nodes overestimate the union)."""
+        if not self.profile.cost_model.num_layers:
+            return None
+        if self.profile.details.get("expert_predictor", {}).get("pricing") == "topk":
+            return self.profile.expert_table.predict_onehot(tree)
+        return self.profile.predicted_experts(tree)
 
 
 class MoeAwareController(_ProfiledController):
@@ -109,8 +119,10 @@ class MoeAwareController(_ProfiledController):
 
     The candidate tree is sized by the same economics: the drafter expands one level deeper and
     about twice as many nodes as recent steps chose to verify, so no draft time goes to nodes that
-    could never pay; after several steps that chose plain decoding, drafting pauses and only
-    probes now and then.
+    could never pay. Drafting pauses (probing every `probe_every` steps) when several steps in a
+    row chose plain decoding, or when the *measured* throughput of speculative steps (tokens per
+    ms of draft + verify, a moving average) falls below that of plain steps: the measurement
+    covers what the model cannot see, such as the drafter's and the controller's own time.
     """
 
     name = "moe-aware"
@@ -124,6 +136,7 @@ class MoeAwareController(_ProfiledController):
         self._fresh_history()
 
     def _fresh_history(self) -> None:
+        self.rates = ThroughputTracker()
         self._recent: deque[tuple[int, int]] = deque(maxlen=self.recent_steps)  # (nodes, depth) chosen
         self._plain_steps = 0
         self._selected = False  # whether this step's tree went through `select`
@@ -134,7 +147,8 @@ class MoeAwareController(_ProfiledController):
             self._fresh_history()
 
     def candidate_budget(self, default: TreeBudget) -> TreeBudget:
-        if len(self._recent) == self.recent_steps and all(nodes == 0 for nodes, _ in self._recent):
+        chose_plain = len(self._recent) == self.recent_steps and all(nodes == 0 for nodes, _ in self._recent)
+        if chose_plain or (self.adapt and self.rates.speculation_loses()):
             self._plain_steps += 1
             if self._plain_steps % self.probe_every:
                 return TreeBudget(0, 0, default.branching)  # speculation has not paid lately: skip drafting
@@ -158,7 +172,9 @@ class MoeAwareController(_ProfiledController):
         return chosen
 
     def feedback(self, verified, acceptances, verify_ms: float, draft_ms: float, routing) -> None:
-        if self.adapt and any(t.num_drafted for t in verified):
+        speculated = any(t.num_drafted for t in verified)
+        self.rates.update(speculated, sum(a.num_accepted + 1 for a in acceptances), draft_ms + verify_ms)
+        if self.adapt and speculated:
             self._learn_acceptance(verified, acceptances)
             self.cost_correction.update(self.predicted_verify_ms(verified), verify_ms)
         if not self._selected:  # drafting was skipped (or nothing was drafted): a plain step

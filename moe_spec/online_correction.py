@@ -47,3 +47,27 @@ class CostCorrection:
     @property
     def factor(self) -> float:
         return min(max(math.exp(self.log_ratio), self.low), self.high)
+
+
+@dataclass
+class ThroughputTracker:
+    """Moving averages of measured tokens per ms, for speculative steps and for plain steps."""
+
+    smoothing: float = 0.25
+    margin: float = 0.97  # speculation must keep at least this share of plain decoding's rate
+    speculative: float | None = None
+    plain: float | None = None
+
+    def update(self, speculated: bool, tokens: int, ms: float) -> None:
+        if ms <= 0:
+            return
+        rate = tokens / ms
+        if speculated:
+            self.speculative = rate if self.speculative is None else (1 - self.smoothing) * self.speculative + self.smoothing * rate
+        else:
+            self.plain = rate if self.plain is None else (1 - self.smoothing) * self.plain + self.smoothing * rate
+
+    def speculation_loses(self) -> bool:
+        if self.speculative is None or self.plain is None:
+            return False
+        return self.speculative < self.margin * self.plain

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from moe_spec.cost_model import CostModel
@@ -64,54 +65,65 @@ def best_first_subtree(tree: DraftTree, prices: StepPrices, cost: CostModel, max
 
 
 def best_first_forest(
-    trees: list[DraftTree], prices: list[StepPrices], cost: CostModel, draft_ms: float, max_nodes: int | None = None
+    trees: list[DraftTree],
+    prices: list[StepPrices],
+    cost: CostModel,
+    draft_ms: float,
+    max_nodes: int | None = None,
+    patience: int = 12,
 ) -> list[list[int]]:
     """Best-first growth over several rows' trees verified in one pass (a batch): every row's root is
     mandatory, all rows share one verify time, and a node's expert price counts only experts that
-    no chosen node of *any* row loads yet. Returns each row's chosen node indices, root first."""
-    offsets = [0]
-    for tree in trees:
-        offsets.append(offsets[-1] + len(tree))
-    n = offsets[-1]
-    parents = torch.cat([torch.where(t.parents >= 0, t.parents + o, t.parents) for t, o in zip(trees, offsets)])  # [N]
-    values = torch.cat([p.values.double() for p in prices])  # [N]
+    no chosen node of *any* row loads yet. Growth stops `patience` nodes after the last improvement.
+    Returns each row's chosen node indices, root first.
+
+    Runs in numpy: the arrays are small and this sits on every decoding step's critical path.
+    """
+    offsets = np.cumsum([0] + [len(t) for t in trees])
+    n = int(offsets[-1])
+    parents = np.concatenate([np.where(t.parents.numpy() >= 0, t.parents.numpy() + o, -1) for t, o in zip(trees, offsets)])
+    values = np.concatenate([p.values.double().numpy() for p in prices])  # [N]
     is_root = parents < 0
-    per_expert = torch.as_tensor(cost.expert_weights().copy(), dtype=torch.float64) if cost.num_layers else None
+    per_expert = np.asarray(cost.expert_weights(), dtype=np.float64) if cost.num_layers else None  # [L]
     priced = per_expert is not None and all(p.expert_probs is not None for p in prices)
-    probs = torch.cat([p.expert_probs.double() for p in prices], dim=1) if priced else None  # [L, N, E]
-    roots = is_root.nonzero().flatten()
+    probs = np.concatenate([p.expert_probs.double().numpy() for p in prices], axis=1) if priced else None  # [L, N, E]
+    roots = np.flatnonzero(is_root)
     if probs is not None:
-        miss = torch.prod(1.0 - probs[:, roots], dim=1)  # [L, E]: chance no chosen node loads the expert yet
+        miss = np.prod(1.0 - probs[:, roots], axis=1)  # [L, E]: chance no chosen node loads the expert yet
         verify = cost.predict_ms(len(roots), (1.0 - miss).sum(-1))
+        weighted = probs * per_expert[:, None, None]  # [L, N, E]: ms if the expert were new
     else:
         verify = cost.base_ms + cost.per_token_ms * len(roots)
     value = float(len(roots))  # every row's bonus token
     limit = n - len(roots) if max_nodes is None else min(max_nodes, n - len(roots))
     chosen: list[int] = []
     best_rate, best_size = throughput(value, draft_ms, verify), 0
-    in_frontier = torch.zeros(n, dtype=torch.bool)
+    in_frontier = np.zeros(n, dtype=bool)
     in_frontier[~is_root] = is_root[parents[~is_root]]
-    while len(chosen) < limit and bool(in_frontier.any()):
-        frontier = in_frontier.nonzero().flatten()  # [F]
-        added_ms = torch.full((frontier.numel(),), cost.per_token_ms, dtype=torch.float64)
+    children = [[] for _ in range(n)]
+    for node in np.flatnonzero(~is_root):
+        children[parents[node]].append(node)
+    while len(chosen) < limit and len(chosen) - best_size < patience:
+        frontier = np.flatnonzero(in_frontier)
+        if frontier.size == 0:
+            break
+        added_ms = np.full(frontier.size, cost.per_token_ms)
         if probs is not None:
-            new_experts = (probs[:, frontier] * miss[:, None]).sum(-1)  # [L, F]
-            added_ms = added_ms + (per_expert[:, None] * new_experts).sum(0)
-        gain = values[frontier] / added_ms.clamp(min=1e-9)
-        pick = int(gain.argmax())
+            added_ms = added_ms + np.einsum("lfe,le->f", weighted[:, frontier], miss)
+        pick = int(np.argmax(values[frontier] / np.maximum(added_ms, 1e-9)))
         node = int(frontier[pick])
         chosen.append(node)
-        value += float(values[node])
-        verify += float(added_ms[pick])
+        value += values[node]
+        verify += added_ms[pick]
         if probs is not None:
             miss = miss * (1.0 - probs[:, node])
         in_frontier[node] = False
-        in_frontier[parents == node] = True
+        in_frontier[children[node]] = True
         rate = throughput(value, draft_ms, verify)
         if rate > best_rate:
             best_rate, best_size = rate, len(chosen)
     kept = chosen[:best_size]
-    return [[0] + [k - offsets[row] for k in kept if offsets[row] <= k < offsets[row + 1]] for row in range(len(trees))]
+    return [[0] + [k - int(offsets[row]) for k in kept if offsets[row] <= k < offsets[row + 1]] for row in range(len(trees))]
 
 
 def best_prefix_by_score(tree: DraftTree, values: torch.Tensor, verify_ms_for_tokens, draft_ms: float) -> list[int]:

@@ -56,12 +56,16 @@ class DraftTree:
 
     @property
     def depths(self) -> torch.Tensor:
-        """[N] long: distance of each node from the root."""
-        depths = torch.zeros(len(self), dtype=torch.long)
-        parents = self.parents.tolist()
-        for i in range(1, len(self)):
-            depths[i] = depths[parents[i]] + 1
-        return depths
+        """[N] long: distance of each node from the root (computed once; the tree is immutable)."""
+        cached = self.__dict__.get("_depths")
+        if cached is None:
+            parents = self.parents.tolist()
+            values = [0] * len(parents)
+            for i in range(1, len(parents)):
+                values[i] = values[parents[i]] + 1
+            cached = torch.tensor(values, dtype=torch.long)
+            object.__setattr__(self, "_depths", cached)
+        return cached
 
     def children(self, node: int) -> list[int]:
         return (self.parents == node).nonzero().flatten().tolist()

@@ -195,12 +195,7 @@ class AcceptanceCalibration:
     def path_probability(self, tree: DraftTree) -> torch.Tensor:
         """[N] calibrated P(node lies on the accepted path): product of conditional probabilities
         along its path (root 1). Non-increasing from parent to child."""
-        conditional = self.conditional_probability(tree)
-        out = conditional.clone()
-        parents = tree.parents.tolist()
-        for i in range(1, len(tree)):
-            out[i] = out[parents[i]] * conditional[i]
-        return out
+        return path_products(tree, self.conditional_probability(tree))
 
     def to_dict(self) -> dict:
         return {
@@ -217,6 +212,16 @@ class AcceptanceCalibration:
         if len(conditional) != max_bucket or len(path) != max_bucket:
             raise ValueError(f"calibration needs {max_bucket} maps per kind")
         return AcceptanceCalibration(conditional, path, max_bucket)
+
+
+def path_products(tree: DraftTree, conditional: torch.Tensor) -> torch.Tensor:
+    """[N] product of `conditional` ([N], root 1) along each node's path, one depth level at a time."""
+    out = conditional.clone()
+    depths, parents = tree.depths, tree.parents
+    for depth in range(1, int(depths.max()) + 1):
+        level = depths == depth
+        out[level] = out[parents[level]] * conditional[level]
+    return out
 
 
 def expected_calibration_error(predicted: np.ndarray, observed: np.ndarray, bins: int = 10) -> float:
