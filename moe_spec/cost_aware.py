@@ -147,6 +147,8 @@ class MoeAwareController(_ProfiledController):
             self._fresh_history()
 
     def candidate_budget(self, default: TreeBudget) -> TreeBudget:
+        if self.adapt and self.rates.plain is None and self.rates.speculative_steps == 2:
+            return TreeBudget(0, 0, default.branching)  # one plain step early on, to measure what it costs
         chose_plain = len(self._recent) == self.recent_steps and all(nodes == 0 for nodes, _ in self._recent)
         if chose_plain or (self.adapt and self.rates.speculation_loses()):
             self._plain_steps += 1

@@ -57,11 +57,13 @@ class ThroughputTracker:
     margin: float = 0.97  # speculation must keep at least this share of plain decoding's rate
     speculative: float | None = None
     plain: float | None = None
+    speculative_steps: int = 0
 
     def update(self, speculated: bool, tokens: int, ms: float) -> None:
         if ms <= 0:
             return
         rate = tokens / ms
+        self.speculative_steps += speculated
         if speculated:
             self.speculative = rate if self.speculative is None else (1 - self.smoothing) * self.speculative + self.smoothing * rate
         else:
