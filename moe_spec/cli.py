@@ -6,6 +6,7 @@ import argparse
 import importlib
 import sys
 
+from moe_spec import config_file
 from moe_spec.errors import MoeSpecError
 
 # subcommand -> (module, one-line help)
@@ -17,6 +18,7 @@ COMMANDS = {
     "train-target": ("moe_spec.training.train_target", "train the embedded default MoE target"),
     "train-draft": ("moe_spec.training.train_draft", "train an EAGLE-style draft head for a target"),
     "make-tiny": ("moe_spec.tiny_command", "save a tiny random model of a supported architecture"),
+    "simulate": ("moe_spec.simulate.command", "replay a bench trace under another cost model (a simulation)"),
 }
 
 
@@ -29,6 +31,7 @@ def build_parser(selected: str | None) -> argparse.ArgumentParser:
         if name == selected:
             module = importlib.import_module(module_name)
             module.add_arguments(command)
+            config_file.add_config_option(command)
             command.set_defaults(_module=module)
     return parser
 
@@ -36,13 +39,22 @@ def build_parser(selected: str | None) -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     selected = next((a for a in argv if not a.startswith("-")), None)
-    args = build_parser(selected).parse_args(argv)
+    parser = build_parser(selected)
     try:
+        if selected in COMMANDS:
+            args = config_file.parse_args(parser, _command_parser(parser, selected), argv)
+        else:
+            args = parser.parse_args(argv)  # argparse reports the unknown command
         args._module.run(args)
     except MoeSpecError as error:
-        print(f"moe-spec {args.command}: error: {error}", file=sys.stderr)
+        print(f"moe-spec {selected}: error: {error}", file=sys.stderr)
         return 2
     return 0
+
+
+def _command_parser(parser: argparse.ArgumentParser, name: str) -> argparse.ArgumentParser:
+    subparsers = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    return subparsers.choices[name]
 
 
 if __name__ == "__main__":

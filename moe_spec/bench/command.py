@@ -47,6 +47,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--experts-implementation", default="grouped_mm")
     parser.add_argument("--json", dest="json_out", default=None, help="write the full report here")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    parser.add_argument("--trace", default=None, metavar="OUT",
+                        help="also record eagle2's steps (trees, target argmax, routing, times) as JSON lines "
+                             "for `moe-spec simulate`; the profile is copied beside it")
 
 
 def run(args: argparse.Namespace) -> dict:
@@ -74,6 +77,8 @@ def run(args: argparse.Namespace) -> dict:
         config["profile"] = context.profile_source
     report = build_report(runs, names, [p.prompt_class for p in prompts], meta, config,
                           static_best=STATIC_BEST in requested)
+    if args.trace is not None:
+        config["trace"] = _trace(args, context, input_ids, [p.prompt_class for p in prompts], settings, config, runs)
     if args.plots is not None:
         config["plots"] = [str(p) for p in write_bench_plots(report, Path(args.plots))]
 
@@ -85,6 +90,18 @@ def run(args: argparse.Namespace) -> dict:
     line = {"command": "bench", "json": args.json_out, **summary_line(report)}
     print(json.dumps(line))
     return report
+
+
+def _trace(args: argparse.Namespace, context: MethodContext, input_ids, classes, settings: RunSettings,
+           config: dict, runs) -> dict:
+    """Record eagle2's steps for `moe-spec simulate` (a separate pass; see `moe_spec.simulate.trace`)."""
+    from moe_spec.simulate.trace import record_bench_trace
+
+    profile = context.profile("--trace")  # simulate's policies need one; profiled now if none is cached
+    eagle2 = build_method("eagle2", context)
+    timed = {r.prompt_index: r.new_ids for r in runs if r.method == "eagle2"} or None
+    return record_bench_trace(args.trace, context.target, eagle2, input_ids, classes, settings, profile,
+                              context.profile_source, dict(config), timed)
 
 
 def _profile(args: argparse.Namespace, target: TargetModel, context: MethodContext, input_ids):
@@ -138,7 +155,8 @@ def _command_line(args: argparse.Namespace) -> str:
                         ("--methods", args.methods), ("--max-new-tokens", args.max_new_tokens),
                         ("--temperature", args.temperature), ("--seed", args.seed), ("--limit", args.limit),
                         ("--warmup-tokens", args.warmup_tokens), ("--threads", args.threads), ("--dtype", args.dtype),
-                        ("--experts-implementation", args.experts_implementation), ("--json", args.json_out)):
+                        ("--experts-implementation", args.experts_implementation), ("--json", args.json_out),
+                        ("--trace", args.trace)):
         if value is not None:
             parts += [flag, str(value)]
     return shlex.join(parts)
