@@ -144,6 +144,7 @@ class SpecDecoder:
             stats.steps.append(step)
 
         stats.new_tokens = sum(len(r.produced) for r in finished)
+        stats.new_tokens_per_row = [len(r.produced) for r in sorted(finished, key=lambda r: r.index)]
         stats.total_ms = (time.perf_counter() - start) * 1000
         if streamer is not None:
             streamer.end()

@@ -27,6 +27,7 @@ class GenerationStats:
     prefill_ms: float = 0.0
     total_ms: float = 0.0
     steps: list[StepStats] = field(default_factory=list)
+    new_tokens_per_row: list[int] = field(default_factory=list)
 
     @property
     def decode_ms(self) -> float:

@@ -139,3 +139,25 @@ def test_built_prompt_sets_have_the_class_shapes_and_are_prefix_stable(small_tok
     repeated = copy.text.rstrip().splitlines()[-1]
     assert copy.text.count(repeated) >= 2  # the last line was seen before: a copy
     assert build_prompt_sets(small_tokenizer, per_class=1, seed=0, classes=("code", "copy")) == [code, copy]
+
+
+def test_batched_bench_keeps_outputs_and_classes(tmp_path):
+    """--batch-size 2: prompts of a class decode together; greedy outputs equal the unbatched ones."""
+    model_dir = tmp_path / "model"
+    tiny_model("qwen3_moe").save_pretrained(model_dir)
+    prompts = tmp_path / "p.jsonl"
+    rows = [("a", [5, 6, 7, 5, 6, 7, 5]), ("a", [9, 8, 7]), ("b", [11, 12, 13, 11, 12]), ("a", [4, 4, 4, 4])]
+    prompts.write_text("".join(json.dumps({"class": c, "prompt_ids": p}) + "\n" for c, p in rows))
+    reports = {}
+    for batch in (1, 2):
+        out = tmp_path / f"b{batch}.json"
+        assert main(["bench", "--model", str(model_dir), "--drafter", "lookup", "--prompts", str(prompts),
+                     "--methods", "ar,static:4", "--max-new-tokens", "10", "--batch-size", str(batch),
+                     "--no-progress", "--json", str(out)]) == 0
+        reports[batch] = json.loads(out.read_text())
+    assert reports[2]["config"]["batch_size"] == 2
+    assert reports[2]["per_prompt"][0]["methods"]["ar"]["batch"] == [0, 1]
+    assert reports[2]["per_prompt"][2]["methods"]["ar"]["batch"] == [2]
+    for p1, p2 in zip(reports[1]["per_prompt"], reports[2]["per_prompt"]):
+        for method in ("ar", "static:4"):
+            assert p1["methods"][method]["new_ids"] == p2["methods"][method]["new_ids"]

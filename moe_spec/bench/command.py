@@ -38,6 +38,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="profile JSON for truncate / moe-aware (default: shipped, cached, or profiled now)")
     parser.add_argument("--plots", default=None, help="folder for PNG figures")
     parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument("--batch-size", type=int, default=1, help="prompts of one class decoded together (left-padded)")
     parser.add_argument("--temperature", type=float, default=0.0, help="0: greedy")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--limit", type=int, default=None, help="at most this many prompts per class (the first ones)")
@@ -57,7 +58,7 @@ def run(args: argparse.Namespace) -> dict:
     names = expand_methods(requested)
     if args.limit is not None and args.limit < 1:
         raise InputError(f"--limit must be >= 1, got {args.limit}")
-    settings = RunSettings(args.max_new_tokens, args.temperature, args.seed, args.warmup_tokens)
+    settings = RunSettings(args.max_new_tokens, args.temperature, args.seed, args.warmup_tokens, args.batch_size)
     prompts = load_prompts(args.prompts, args.limit)
     if args.threads is not None:
         torch.set_num_threads(args.threads)
@@ -70,7 +71,8 @@ def run(args: argparse.Namespace) -> dict:
                             lambda: _profile(args, target, context, input_ids))
     methods = [build_method(name, context) for name in names]
 
-    runs = run_methods(target, methods, input_ids, settings, progress=False if args.no_progress else None)
+    runs = run_methods(target, methods, input_ids, settings, progress=False if args.no_progress else None,
+                       classes=[p.prompt_class for p in prompts])
     meta = [{**p.meta, "prompt_tokens": int(ids.shape[1])} for p, ids in zip(prompts, input_ids)]
     config = _config(args, model, names, settings)
     if context.profile_source is not None:
@@ -99,7 +101,7 @@ def _trace(args: argparse.Namespace, context: MethodContext, input_ids, classes,
 
     profile = context.profile("--trace")  # simulate's policies need one; profiled now if none is cached
     eagle2 = build_method("eagle2", context)
-    timed = {r.prompt_index: r.new_ids for r in runs if r.method == "eagle2"} or None
+    timed = {i: r.new_ids_of(i) for r in runs if r.method == "eagle2" for i in r.prompt_indices} or None
     return record_bench_trace(args.trace, context.target, eagle2, input_ids, classes, settings, profile,
                               context.profile_source, dict(config), timed)
 
@@ -132,6 +134,7 @@ def _config(args: argparse.Namespace, model, names: list[str], settings: RunSett
         "prompts_sha256": hashlib.sha256(prompts.read_bytes()).hexdigest(),
         "limit_per_class": args.limit,
         "max_new_tokens": settings.max_new_tokens,
+        "batch_size": settings.batch_size,
         "temperature": settings.temperature,
         "seed": settings.seed,
         "warmup_tokens": settings.warmup_tokens,

@@ -82,7 +82,7 @@ def build_report(runs: Sequence[Run], methods: Sequence[str], classes: Sequence[
             add_static_best(per_class[name])
     per_prompt = []
     for index, meta in enumerate(prompt_meta):
-        mine = {r.method: r for r in runs if r.prompt_index == index}
+        mine = {r.method: r for r in runs if index in r.prompt_indices}
         per_prompt.append({
             "index": index,
             "class": classes[index],
@@ -90,7 +90,8 @@ def build_report(runs: Sequence[Run], methods: Sequence[str], classes: Sequence[
             "methods": {
                 m: {
                     **mine[m].stats.summary(),
-                    "new_ids": list(mine[m].new_ids),
+                    "new_ids": list(mine[m].new_ids_of(index)),
+                    "batch": list(mine[m].prompt_indices),
                     "tree_sizes": [step.tree_size for step in mine[m].stats.steps],
                     "accepted_lengths": [step.accepted_length for step in mine[m].stats.steps],
                 }
