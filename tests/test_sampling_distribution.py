@@ -37,6 +37,20 @@ class FullTreeDrafter:
         return DraftTree.from_lists(tokens, parents)
 
 
+def _assert_follows(counts: torch.Tensor, exact: torch.Tensor) -> None:
+    """Chi-square of sampled pair counts against exact pair probabilities (rare cells merged so every
+    expected count is >= 5); never a pair the target gives zero probability."""
+    assert counts[exact == 0].sum() == 0, "sampled a pair the target gives zero probability"
+    support = exact > 0
+    expected = exact[support] / exact[support].sum() * counts.sum()
+    observed = counts[support]
+    rare = expected < 5
+    observed = torch.cat([observed[~rare], observed[rare].sum(0, keepdim=True)])
+    expected = torch.cat([expected[~rare], expected[rare].sum(0, keepdim=True)])
+    keep = expected > 0
+    assert chisquare(observed[keep].numpy(), expected[keep].numpy()).pvalue > 1e-3
+
+
 def _exact_distribution_of_tokens_2_and_3(model, config):
     """P(x2, x3 | prompt) = sum over x1 of P(x1) P(x2 | x1) P(x3 | x1, x2), by enumeration."""
 
@@ -76,16 +90,7 @@ def test_tokens_sampled_through_sibling_trees_follow_the_target(arch, config):
         _x1, x2, x3, _x4 = result.sequences[0, len(PROMPT):].tolist()
         counts[x2, x3] += 1
     assert tree_steps_accepting_two > samples // 2
-    exact = _exact_distribution_of_tokens_2_and_3(model, config)
-    assert counts[exact == 0].sum() == 0, "sampled a pair the target gives zero probability"
-    support = exact > 0
-    expected = exact[support] / exact[support].sum() * samples
-    # merge rare cells so chi-square's expected counts are >= 5
-    rare = expected < 5
-    observed = torch.cat([counts[support][~rare], counts[support][rare].sum(0, keepdim=True)])
-    expected = torch.cat([expected[~rare], expected[rare].sum(0, keepdim=True)])
-    keep = expected > 0
-    assert chisquare(observed[keep].numpy(), expected[keep].numpy()).pvalue > 1e-3
+    _assert_follows(counts, _exact_distribution_of_tokens_2_and_3(model, config))
 
 
 @pytest.mark.parametrize("policy", ["static", "moe-aware"])
@@ -116,13 +121,7 @@ def test_sampling_stays_exact_under_controller_policies(policy):
                                   generator=generator)
         _x1, x2, x3, _x4 = result.sequences[0, len(PROMPT):].tolist()
         counts[x2, x3] += 1
-    exact = _exact_distribution_of_tokens_2_and_3(model, config)
-    expected = exact / exact.sum() * samples
-    rare = expected < 5
-    observed = torch.cat([counts[~rare], counts[rare].sum(0, keepdim=True)])
-    expected = torch.cat([expected[~rare], expected[rare].sum(0, keepdim=True)])
-    keep = expected > 0
-    assert chisquare(observed[keep].numpy(), expected[keep].numpy()).pvalue > 1e-3
+    _assert_follows(counts, _exact_distribution_of_tokens_2_and_3(model, config))
 
 
 def test_sampling_in_a_batch_keeps_each_rows_distribution():
@@ -144,10 +143,4 @@ def test_sampling_in_a_batch_keeps_each_rows_distribution():
                                   generator=generator)
         _x1, x2, x3, _x4 = result.sequences[0, len(PROMPT):].tolist()
         counts[x2, x3] += 1
-    exact = _exact_distribution_of_tokens_2_and_3(model, SamplingConfig(1.0))
-    expected = exact / exact.sum() * samples
-    rare = expected < 5
-    observed = torch.cat([counts[~rare], counts[rare].sum(0, keepdim=True)])
-    expected = torch.cat([expected[~rare], expected[rare].sum(0, keepdim=True)])
-    keep = expected > 0
-    assert chisquare(observed[keep].numpy(), expected[keep].numpy()).pvalue > 1e-3
+    _assert_follows(counts, _exact_distribution_of_tokens_2_and_3(model, SamplingConfig(1.0)))
