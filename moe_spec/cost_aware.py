@@ -36,10 +36,13 @@ def token_count_cost(profile):
     real = np.asarray(curve["real"], dtype=np.float64)  # [sizes, L], NaN where no tree was that large
     known = ~np.isnan(real).any(axis=1)
     sizes, real = sizes[known], real[known]
+    table: dict[int, float] = {}
 
     def verify_ms(tokens: int) -> float:
-        unique = [np.interp(tokens, sizes, real[:, layer]) for layer in range(real.shape[1])]
-        return cost.predict_ms(tokens, unique)
+        if tokens not in table:
+            unique = [np.interp(tokens, sizes, real[:, layer]) for layer in range(real.shape[1])]
+            table[tokens] = cost.predict_ms(tokens, unique)
+        return table[tokens]
 
     return verify_ms
 

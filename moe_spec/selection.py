@@ -91,7 +91,7 @@ def best_first_forest(
     if probs is not None:
         miss = np.prod(1.0 - probs[:, roots], axis=1)  # [L, E]: chance no chosen node loads the expert yet
         verify = cost.predict_ms(len(roots), (1.0 - miss).sum(-1))
-        weighted = probs * per_expert[:, None, None]  # [L, N, E]: ms if the expert were new
+        weighted = (probs * per_expert[:, None, None]).transpose(1, 0, 2).reshape(n, -1)  # [N, L*E]: ms if new
     else:
         verify = cost.base_ms + cost.per_token_ms * len(roots)
     value = float(len(roots))  # every row's bonus token
@@ -109,7 +109,7 @@ def best_first_forest(
             break
         added_ms = np.full(frontier.size, cost.per_token_ms)
         if probs is not None:
-            added_ms = added_ms + np.einsum("lfe,le->f", weighted[:, frontier], miss)
+            added_ms = added_ms + (weighted @ miss.reshape(-1))[frontier]
         pick = int(np.argmax(values[frontier] / np.maximum(added_ms, 1e-9)))
         node = int(frontier[pick])
         chosen.append(node)
@@ -132,12 +132,9 @@ def best_prefix_by_score(tree: DraftTree, values: torch.Tensor, verify_ms_for_to
 
     verify_ms_for_tokens: callable T -> ms for a verify pass of T tokens (root included).
     """
-    order = sorted(range(1, len(tree)), key=lambda i: (-float(tree.scores[i]), i))
-    cumulative = 1.0
-    best_rate, best_size = throughput(1.0, draft_ms, verify_ms_for_tokens(1)), 0
-    for size, node in enumerate(order, start=1):
-        cumulative += float(values[node])
-        rate = throughput(cumulative, draft_ms, verify_ms_for_tokens(size + 1))
-        if rate > best_rate:
-            best_rate, best_size = rate, size
-    return [0] + order[:best_size]
+    scores = tree.scores[1:].numpy()
+    order = np.lexsort((np.arange(1, len(tree)), -scores)) + 1  # by score, ties to the lower index
+    expected = 1.0 + np.concatenate([[0.0], np.cumsum(values.double().numpy()[order])])  # [N]: prefix of size k
+    verify = np.array([verify_ms_for_tokens(size + 1) for size in range(len(tree))])
+    best = int(np.argmax(expected / np.maximum(draft_ms + verify, 1e-9)))  # first maximum: the smaller prefix
+    return [0] + order[:best].tolist()

@@ -52,6 +52,9 @@ class TokenExpertTable:
         seen = (self.token_counts + self.pseudo_count * self.prior) / (self.token_totals[:, None, None] + self.pseudo_count)
         table[self.token_ids] = seen
         self._table = torch.from_numpy(table)
+        # [V, L, E] 0/1: each token id's K most likely experts per layer, built once (pricing reads it every step)
+        top = self._table.topk(self.top_k, dim=-1).indices
+        self._onehot = torch.zeros_like(self._table).scatter_(2, top, 1.0)
 
     @staticmethod
     def from_stats(stats: RoutingStats, pseudo_count: float = 1.0) -> "TokenExpertTable":
@@ -79,8 +82,7 @@ class TokenExpertTable:
     def predict_onehot(self, tree: DraftTree) -> torch.Tensor:
         """[L, N, E] 0/1: each node's K most likely experts per layer (a sharper input for pricing
         than `predict`, whose small probabilities add up over many nodes)."""
-        top = self.predict_sets(tree.tokens)
-        return torch.zeros(self.num_layers, len(tree), self.num_experts).scatter_(2, top, 1.0)
+        return self._onehot[tree.tokens.cpu().long()].permute(1, 0, 2).contiguous()
 
     def predict_sets(self, tokens: torch.Tensor) -> torch.Tensor:
         """[L, N, K] long: each node's K most likely experts per layer."""
