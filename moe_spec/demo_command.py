@@ -1,8 +1,9 @@
-"""`moe-spec demo`: the embedded MoE pair, plain autoregressive decoding vs the EAGLE-2 tree.
+"""`moe-spec demo`: the embedded MoE pair, plain autoregressive decoding vs the EAGLE-2 tree
+(and moe_spec's `moe-aware` controller, driven by the pair's shipped profile).
 
 A small `moe-spec bench`: a few held-out prompts (one code, one prose, one copy-heavy; the first of
 each class in `configs/bench/heldout.jsonl`, rebuilt from the corpus so an installed package
-needs no prompt file), `ar` and `eagle2` interleaved, greedy. Prints one continuation, a table
+needs no prompt file), `ar`, `eagle2` and `moe-aware` interleaved, greedy. Prints one continuation, a table
 and a JSON line.
 """
 
@@ -18,6 +19,8 @@ from moe_spec.bench.report import build_report, format_table
 from moe_spec.bench.runner import RunSettings, run_methods
 from moe_spec.errors import InputError
 from moe_spec.loading import DEFAULT_DRAFTER, DEFAULT_TARGET, load_drafter, load_target, load_tokenizer
+from moe_spec.profile import Profile
+from moe_spec.profiling.store import DEFAULT_PROFILE
 from moe_spec.target import TargetModel
 
 METHODS = ("ar", "eagle2")
@@ -51,16 +54,19 @@ def run(args: argparse.Namespace) -> dict:
     tokenizer = load_tokenizer(args.model)
     prompts = _prompts(args.prompts, tokenizer)
     target = TargetModel(model)
-    context = MethodContext(target, lambda: load_drafter(args.drafter, target))
-    methods = [build_method(name, context) for name in METHODS]
+    names = METHODS
+    if args.model is None and args.drafter == "default" and DEFAULT_PROFILE.is_file():
+        names = METHODS + ("moe-aware",)  # the shipped profile of the pair drives our controller
+    context = MethodContext(target, lambda: load_drafter(args.drafter, target), lambda: Profile.load(DEFAULT_PROFILE, target))
+    methods = [build_method(name, context) for name in names]
     input_ids = [p.input_ids(tokenizer) for p in prompts]
     runs = run_methods(target, methods, input_ids, RunSettings(max_new_tokens=args.max_new_tokens))
     classes = [p.prompt_class for p in prompts]
-    report = build_report(runs, METHODS, classes, [{} for _ in prompts], config={"demo": True})
+    report = build_report(runs, names, classes, [{} for _ in prompts], config={"demo": True})
 
-    first = {r.method: r.new_ids for r in runs if r.prompt_index == 0}
+    first = {r.method: r.new_ids_of(0) for r in runs if 0 in r.prompt_indices}
     identical = all(
-        len({r.new_ids for r in runs if r.prompt_index == i}) == 1 for i in range(len(prompts))
+        len({r.new_ids_of(i) for r in runs if i in r.prompt_indices}) == 1 for i in range(len(prompts))
     )
     print(f"--- {classes[0]} prompt (last lines) ---")
     print(_tail(_decode(tokenizer, input_ids[0][0].tolist())))
@@ -69,7 +75,7 @@ def run(args: argparse.Namespace) -> dict:
     print("---")
     print(format_table(report["methods"], f"{len(prompts)} prompts ({', '.join(classes)}), "
                                           f"{args.max_new_tokens} new tokens each, greedy", COLUMNS))
-    print(f"eagle2 output identical to ar on every prompt: {'yes' if identical else 'NO'}")
+    print(f"every method's output identical to ar on every prompt: {'yes' if identical else 'NO'}")
     summary = {
         "command": "demo",
         "prompts": classes,
