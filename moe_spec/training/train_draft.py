@@ -48,6 +48,7 @@ class DraftTrainSettings:
     steps: int | None = None  # fixes the step count (reproduces a run exactly)
     seed: int = 0
     draft_vocab: int = 2048
+    head_intermediate: int = 0  # the head's MLP width; 0: 4 x hidden (a smaller head drafts faster)
     batch_size: int = 8
     prompt_len: int = 96
     continuation_len: int = 32
@@ -211,7 +212,8 @@ def train_draft(target: TargetModel, data: TokenData, settings: DraftTrainSettin
     d2t = draft_vocabulary(torch.bincount(data.train, minlength=vocab)[:vocab],
                            torch.bincount(generated, minlength=vocab)[:vocab], min(settings.draft_vocab, vocab))
     d2t = broadcast(d2t.to(accelerator.device), from_process=0).cpu()  # one vocabulary for every process
-    head = EagleHead(config_for_target(target, draft_vocab_size=d2t.numel()), d2t).train()
+    head = EagleHead(config_for_target(target, draft_vocab_size=d2t.numel(), intermediate_size=settings.head_intermediate),
+                     d2t).train()
     step_module = DistillLoss(head, settings.ttt_steps, settings.ttt_decay)
     optimizer = torch.optim.AdamW(head.parameters(), lr=settings.lr, betas=(0.9, 0.95), weight_decay=0.0)
     step_module, optimizer = accelerator.prepare(step_module, optimizer)
@@ -340,6 +342,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads")
     parser.add_argument("--batch-size", type=int, default=8)
     parser.add_argument("--ttt-steps", type=int, default=3, help="passes of the training-time test")
+    parser.add_argument("--head-intermediate", type=int, default=0, help="the head's MLP width (0: 4 x hidden)")
 
 
 def run(args: argparse.Namespace) -> dict:
@@ -348,6 +351,7 @@ def run(args: argparse.Namespace) -> dict:
     settings = DraftTrainSettings(
         out=args.out, minutes=args.minutes, steps=args.steps, seed=args.seed, draft_vocab=args.draft_vocab,
         threads=args.threads, batch_size=args.batch_size, ttt_steps=args.ttt_steps,
+        head_intermediate=args.head_intermediate,
     )
     return train_draft(target, text_data(tokenizer, args.prompts), settings, command=shlex.join(sys.orig_argv))
 
