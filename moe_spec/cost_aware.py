@@ -131,7 +131,7 @@ class MoeAwareController(_ProfiledController):
     name = "moe-aware"
 
     def __init__(self, profile, price_experts: bool = True, adapt: bool = True, persist: bool = False,
-                 recent_steps: int = 4, probe_every: int = 8):
+                 recent_steps: int = 4, probe_every: int = 4):
         super().__init__(profile, adapt=adapt, persist=persist)
         self.price_experts = price_experts
         self.recent_steps = recent_steps

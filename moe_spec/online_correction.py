@@ -15,9 +15,9 @@ from dataclasses import dataclass, field
 class AcceptanceCorrection:
     """Per-depth factor (prior + observed accepted) / (prior + predicted accepted), clamped."""
 
-    prior_tokens: float = 4.0  # pseudo-count: how many expected tokens the profile is worth
-    low: float = 0.5
-    high: float = 2.0
+    prior_tokens: float = 2.0  # pseudo-count: how many expected tokens the profile is worth
+    low: float = 0.1  # wide: a profile calibrated on greedy decoding overestimates acceptance under sampling
+    high: float = 3.0
     observed: dict[int, float] = field(default_factory=dict)
     predicted: dict[int, float] = field(default_factory=dict)
 
@@ -58,6 +58,8 @@ class ThroughputTracker:
     speculative: float | None = None
     plain: float | None = None
     speculative_steps: int = 0
+    min_speculative_steps: int = 4  # before the gate may close
+    paused: bool = False  # the last step was plain: the next speculative measurement replaces the average
 
     def update(self, speculated: bool, tokens: int, ms: float) -> None:
         if ms <= 0:
@@ -65,11 +67,14 @@ class ThroughputTracker:
         rate = tokens / ms
         self.speculative_steps += speculated
         if speculated:
-            self.speculative = rate if self.speculative is None else (1 - self.smoothing) * self.speculative + self.smoothing * rate
+            fresh = self.speculative is None or self.paused  # a probe after a pause: conditions have changed
+            self.speculative = rate if fresh else (1 - self.smoothing) * self.speculative + self.smoothing * rate
+            self.paused = False
         else:
             self.plain = rate if self.plain is None else (1 - self.smoothing) * self.plain + self.smoothing * rate
+            self.paused = True
 
     def speculation_loses(self) -> bool:
-        if self.speculative is None or self.plain is None:
+        if self.speculative is None or self.plain is None or self.speculative_steps < self.min_speculative_steps:
             return False
         return self.speculative < self.margin * self.plain
