@@ -4,7 +4,7 @@ Figures are totals over the prompts, not means of per-prompt ratios:
 
 - `tokens_per_s`: new tokens / wall time, summed over prompts (prefill included, as in `GenerationStats`);
 - `speedup_vs_ar`: tokens_per_s / that of `ar` on the same prompts (null when `ar` did not run);
-- `mean_accept_len`: tokens produced by speculative steps / steps (the bonus token included, so `ar` is 1);
+- `mean_accept_len`: tokens produced / (steps x rows they advanced) (the bonus token included, so `ar` is 1);
 - `verify_ms`, `draft_ms`: mean per step;
 - `draft_share`: drafting time / decode time (prefill excluded);
 - `unique_experts_per_layer`: mean over verify passes of the distinct experts per MoE layer;
@@ -37,16 +37,17 @@ def aggregate(stats: Sequence[GenerationStats]) -> dict:
     passes = [sum(s.unique_experts_per_layer) / len(s.unique_experts_per_layer) for s in steps if s.unique_experts_per_layer]
     loads = sum(sum(s.unique_experts_per_layer) for s in steps)
     n = len(steps)
+    row_steps = sum(s.rows for s in steps)  # a batched step counts once per row it advanced
     return {
         "tokens_per_s": _round(1000.0 * new_tokens / total_ms if total_ms > 0 else 0.0),
         "speedup_vs_ar": None,
-        "mean_accept_len": _round(produced / n if n else 0.0),
+        "mean_accept_len": _round(produced / row_steps if row_steps else 0.0),
         "verify_ms": _round(sum(s.verify_ms for s in steps) / n if n else 0.0),
         "draft_ms": _round(draft_ms / n if n else 0.0),
         "draft_share": _round(draft_ms / decode_ms if decode_ms > 0 else 0.0),
         "unique_experts_per_layer": _round(sum(passes) / len(passes) if passes else 0.0),
         "expert_loads_per_token": _round(loads / produced if produced else 0.0),
-        "mean_tree_size": _round(sum(s.tree_size for s in steps) / n if n else 0.0),
+        "mean_tree_size": _round(sum(s.tree_size for s in steps) / row_steps if row_steps else 0.0),
         "new_tokens": new_tokens,
         "steps": n,
         "prompts": len(stats),
