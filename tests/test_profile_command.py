@@ -47,6 +47,10 @@ def test_profile_command_end_to_end(tmp_path, model_dir, capsys):
     grid = profile.details["latency"]["grid"]
     assert {(p["T"], p["U"]) for p in grid} == {(1, 2), (4, 2), (4, 4), (4, 8), (16, 2), (16, 4), (16, 8)}
     assert profile.cost_model.num_layers == 2
+    batched = profile.details["latency"]["batched_passes"]
+    assert len(batched) == 8 and {row["split"] for row in batched} == {"batch-fit", "batch-heldout"}
+    assert all(row["T"] >= 4 and len(row["U"]) == 2 for row in batched), "4 rows per pass, union U per layer"
+    assert profile.details["cost_model_report"]["heldout_batched_error"]["n"] == 4
     assert profile.details["measurement"]["experts_implementation"] == "grouped_mm"
     assert profile.details["measurement"]["cold_weights"] is True
     assert profile.hardware["torch_threads"] == 1

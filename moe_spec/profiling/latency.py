@@ -129,6 +129,32 @@ def verify_run(
     return run
 
 
+def batched_prefill_cache(target: TargetModel, prefix: torch.Tensor, rows: int):
+    """A cache holding `prefix` ([P] long) in each of `rows` batch rows."""
+    cache = target.new_cache()
+    n = prefix.numel()
+    mask = torch.tril(torch.ones(n, n, dtype=torch.bool))[None].expand(rows, n, n)
+    target.forward_tree(cache, prefix[None].expand(rows, n), mask, torch.arange(n)[None].expand(rows, n))
+    return cache
+
+
+def batched_verify_run(target: TargetModel, cache, trees: Sequence[DraftTree]) -> Callable[[], tuple[int, ...]]:
+    """One batched verify pass (row b verifies `trees[b]`, padded as the engine pads) on a cache with one
+    row per tree, cut back afterwards; returns U per layer: the union over all rows' tokens."""
+    from moe_spec.batch_layout import step_inputs
+
+    prefix_len = cache.get_seq_length()
+    lengths = torch.full((len(trees),), prefix_len, dtype=torch.long)
+    ids, mask, positions = step_inputs(list(trees), lengths, pad_token=0)
+
+    def run() -> tuple[int, ...]:
+        out = target.forward_tree(cache, ids, mask, positions)
+        cache.crop(prefix_len - cache.get_seq_length())
+        return tuple(out.routing.unique_per_layer())
+
+    return run
+
+
 def random_tree(num_nodes: int, vocab_size: int, generator: torch.Generator) -> DraftTree:
     """A tree of `num_nodes` nodes (root included) with random parents and random token ids."""
     parents = [-1] + [int(torch.randint(0, i, (1,), generator=generator)) for i in range(1, num_nodes)]

@@ -23,6 +23,8 @@ from moe_spec.profiling.expert_predictor import TokenExpertTable, evaluate_predi
 from moe_spec.profiling.latency import (
     CacheEvictor,
     TimingConfig,
+    batched_prefill_cache,
+    batched_verify_run,
     draft_cost,
     Timing,
     grid_configs,
@@ -32,8 +34,9 @@ from moe_spec.profiling.latency import (
     verify_run,
 )
 from moe_spec.profiling.routing_stats import RoutingStats, unique_experts_curve
-from moe_spec.profiling.trace import PromptTrace, TracedStep, trace_prompt
+from moe_spec.profiling.trace import PromptTrace, TracedStep, best_first_order, trace_prompt
 from moe_spec.target import TargetModel
+from moe_spec.tree import DraftTree
 
 Progress = Callable[[str, int], Callable[[], None]]  # (stage description, total) -> tick
 
@@ -52,6 +55,8 @@ class ProfileSettings:
     grid_experts: tuple[int, ...] = (2, 4, 8, 16, 32, 48, 64)  # infeasible (T, U) pairs are skipped
     natural_trees: int = 40  # timed natural trees, fit and held-out together
     curve_sizes: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 60)
+    batch_sizes: tuple[int, ...] = (4,)  # batched verify passes timed from natural trees (B rows each)
+    batched_passes: int = 8  # per batch size, half of them held out
     timing: TimingConfig = field(default_factory=TimingConfig)
     per_layer_cost: bool = False  # one expert cost per layer instead of one shared
     seed: int = 0
@@ -145,6 +150,9 @@ def build_profile(
     tokens_of = {t.prompt_index: t.tokens for t in traces}
     for step, _ in chosen:
         runs.append(verify_run(target, prefill_cache(target, tokens_of[step.prompt_index][: step.prefix_len]), step.tree))
+    batched = _batched_passes(fit_steps + heldout_steps, settings, generator)
+    batch_caches = {rows: batched_prefill_cache(target, prefix, rows) for rows in {len(trees) for trees, _ in batched}}
+    runs += [batched_verify_run(target, batch_caches[len(trees)], trees) for trees, _ in batched]
     tick = progress(f"timing {len(runs)} verify passes (repeats)", settings.timing.repeats)
     timings = time_round_robin(runs, settings.timing, evict, tick)
     for (_, unique), timing in zip(configs, timings):
@@ -153,24 +161,32 @@ def build_profile(
     del cache, runs
     grid_rows = [(t, (u,) * num_layers, timing, "grid") for (t, u), timing in zip(configs, timings)]
     natural_rows = [
-        (len(step.tree), timing.unique_experts, timing, split) for (step, split), timing in zip(chosen, timings[len(configs):])
+        (len(step.tree), timing.unique_experts, timing, split)
+        for (step, split), timing in zip(chosen, timings[len(configs): len(configs) + len(chosen)])
+    ]
+    batch_rows = [
+        (sum(len(t) for t in trees), timing.unique_experts, timing, f"batch-{split}")
+        for (trees, split), timing in zip(batched, timings[len(configs) + len(chosen):])
     ]
     statistic = settings.timing.statistic
 
     def cost_samples(rows, split: str, stat: str = statistic) -> list[CostSample]:
         return [CostSample(t, u, timing.ms(stat)) for t, u, timing, s in rows if s == split]
 
-    cost_model = CostModel.fit(cost_samples(grid_rows, "grid") + cost_samples(natural_rows, "fit"), per_layer=settings.per_layer_cost)
+    cost_model = CostModel.fit(cost_samples(grid_rows, "grid") + cost_samples(natural_rows, "fit")
+                               + cost_samples(batch_rows, "batch-fit"), per_layer=settings.per_layer_cost)
     details["latency"] = {
         "statistic": statistic,
         "grid": [_timing_row(t, u[0] if u else 0, timing, statistic) for t, u, timing, _ in grid_rows],
         "natural_trees": [{**_timing_row(t, list(u), timing, statistic), "split": s} for t, u, timing, s in natural_rows],
+        "batched_passes": [{**_timing_row(t, list(u), timing, statistic), "split": s} for t, u, timing, s in batch_rows],
         "prefix_len": settings.prefix_len,
         "seconds": time.perf_counter() - latency_start,
     }
     details["cost_model_report"] = _cost_report(
         cost_model, cost_samples(grid_rows, "grid"), cost_samples(natural_rows, "fit"), cost_samples(natural_rows, "heldout"), settings
     )
+    details["cost_model_report"]["heldout_batched_error"] = _errors(cost_model, cost_samples(batch_rows, "batch-heldout"))
     other = "min" if statistic == "median" else "median"
     other_model = CostModel.fit(cost_samples(grid_rows, "grid", other) + cost_samples(natural_rows, "fit", other), per_layer=settings.per_layer_cost)
     details["cost_model_report"][f"heldout_natural_error_fitting_{other}"] = _errors(
@@ -224,6 +240,23 @@ def _decoding_summary(traces: Sequence[PromptTrace], settings: ProfileSettings) 
         "mean_verify_ms": float(np.mean([s.verify_ms for s in steps])),
         "mean_draft_ms": float(np.mean([s.draft_ms for s in steps])),
     }
+
+
+def _batched_passes(steps, settings: ProfileSettings, generator: torch.Generator) -> list[tuple[list[DraftTree], str]]:
+    """For each batch size B, `batched_passes` groups of B recorded trees (drawn at random, each cut to a
+    random best-first prefix, as a controller would cut it), half held out."""
+    groups = []
+    if not steps:
+        return groups
+    for rows in settings.batch_sizes:
+        for index in range(settings.batched_passes):
+            trees = []
+            for pick in torch.randint(0, len(steps), (rows,), generator=generator).tolist():
+                tree = steps[pick].tree
+                size = int(torch.randint(1, len(tree) + 1, (1,), generator=generator))
+                trees.append(tree.subtree(best_first_order(tree)[:size]))
+            groups.append((trees, "heldout" if index % 2 else "fit"))
+    return groups
 
 
 def _natural_trees(fit_steps, heldout_steps, count: int) -> list[tuple[TracedStep, str]]:
