@@ -76,24 +76,19 @@ def empty_routing() -> Routing:
     return Routing((), 0, torch.zeros(0, 0, 0, dtype=torch.long))
 
 
-class RoutingRecorder:
-    """Context manager recording each router's top-k indices for every forward inside it.
+class RouterHooks:
+    """Base context manager: one forward hook on every router (built by `_hook_for`), all of them
+    removed on exit, also when the forward raises. Subclasses decide what a hook does."""
 
-    >>> with RoutingRecorder(model) as recorder:
-    ...     model(input_ids)
-    >>> recorder.routing().experts.shape  # [L, T, K]
-    """
-
-    def __init__(self, model: nn.Module, spec: ArchitectureSpec | None = None):
-        self._routers = find_routers(model, spec)
+    def __init__(self, routers: list[RouterInfo]):
+        self._routers = routers
         self._handles: list[torch.utils.hooks.RemovableHandle] = []
-        self._records: dict[int, list[torch.Tensor]] = {}
 
-    def __enter__(self) -> "RoutingRecorder":
-        self._records = {r.layer: [] for r in self._routers}
+    def __enter__(self):
+        self._on_enter()
         try:
-            for router in self._routers:
-                self._handles.append(router.module.register_forward_hook(self._hook_for(router.layer)))
+            for position, router in enumerate(self._routers):
+                self._handles.append(router.module.register_forward_hook(self._hook_for(position, router)))
         except BaseException:
             self._remove_hooks()
             raise
@@ -107,10 +102,34 @@ class RoutingRecorder:
             handle.remove()
         self._handles.clear()
 
-    def _hook_for(self, layer: int):
+    def _on_enter(self) -> None:
+        """Reset per-context state before the hooks go on."""
+
+    def _hook_for(self, position: int, router: RouterInfo):
+        raise NotImplementedError
+
+
+class RoutingRecorder(RouterHooks):
+    """Context manager recording each router's top-k indices for every forward inside it.
+
+    >>> with RoutingRecorder(model) as recorder:
+    ...     model(input_ids)
+    >>> recorder.routing().experts.shape  # [L, T, K]
+    """
+
+    def __init__(self, model: nn.Module, spec: ArchitectureSpec | None = None):
+        super().__init__(find_routers(model, spec))
+        self._records: dict[int, list[torch.Tensor]] = {}
+
+    def _on_enter(self) -> None:
+        self._records = {r.layer: [] for r in self._routers}
+
+    def _hook_for(self, position: int, router: RouterInfo):
+        records = self._records[router.layer]
+
         def hook(module, inputs, output):
             topk_indices = output[2]  # [T, K]
-            self._records[layer].append(topk_indices.detach().reshape(-1, topk_indices.shape[-1]).to("cpu"))
+            records.append(topk_indices.detach().reshape(-1, topk_indices.shape[-1]).to("cpu"))
 
         return hook
 

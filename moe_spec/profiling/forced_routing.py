@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from moe_spec.routing import find_routers
+from moe_spec.routing import RouterHooks, RouterInfo, find_routers
 
 
 def forced_assignment(
@@ -34,7 +34,7 @@ def feasible(num_tokens: int, unique_experts: int, num_experts: int, top_k: int)
     return top_k <= unique_experts <= min(num_experts, num_tokens * top_k)
 
 
-class ForcedRouting:
+class ForcedRouting(RouterHooks):
     """Context manager: routers return `experts[l]` ([T, K]) as their top-k indices.
 
     experts: [L, T, K] long, one assignment per MoE layer in `find_routers` order. Every
@@ -42,30 +42,12 @@ class ForcedRouting:
     """
 
     def __init__(self, model: nn.Module, experts: torch.Tensor):
-        self._routers = find_routers(model)
+        super().__init__(find_routers(model))
         if experts.dim() != 3 or experts.shape[0] != len(self._routers):
             raise ValueError(f"experts must be [L={len(self._routers)}, T, K], got {tuple(experts.shape)}")
         self._experts = experts.long()
-        self._handles: list[torch.utils.hooks.RemovableHandle] = []
 
-    def __enter__(self) -> "ForcedRouting":
-        try:
-            for position, router in enumerate(self._routers):
-                self._handles.append(router.module.register_forward_hook(self._hook_for(position)))
-        except BaseException:
-            self._remove_hooks()
-            raise
-        return self
-
-    def __exit__(self, *exc_info) -> None:
-        self._remove_hooks()
-
-    def _remove_hooks(self) -> None:
-        for handle in self._handles:
-            handle.remove()
-        self._handles.clear()
-
-    def _hook_for(self, position: int):
+    def _hook_for(self, position: int, router: RouterInfo):
         forced = self._experts[position]  # [T, K]
 
         def hook(module, inputs, output):
