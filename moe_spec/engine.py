@@ -21,6 +21,7 @@ from moe_spec.acceptance import Acceptance, accept
 from moe_spec.batch_layout import compaction, prefill_inputs, step_inputs
 from moe_spec.controller import Controller
 from moe_spec.drafters.base import Drafter
+from moe_spec.drafters.batch import BatchDrafter, batch_drafter
 from moe_spec.errors import DrafterError, InputError
 from moe_spec.kv_cache import gather_columns, keep_accepted_path, select_rows
 from moe_spec.sampling import SamplingConfig, probabilities, sample
@@ -56,7 +57,6 @@ class _Row:
 
     index: int  # row in the caller's batch
     prompt: torch.Tensor  # [T] long, padding removed
-    drafter: Drafter | None
     root: int  # pending token: produced, not yet in the cache
     produced: list[int]
 
@@ -99,7 +99,7 @@ class SpecDecoder:
         prompts = self._validated_prompts(input_ids, attention_mask, max_new_tokens, streamer)
         eos = self._eos_ids(eos_token_id)
         pad = self._pad_id(eos)
-        drafters = self._drafters(len(prompts))
+        drafter = batch_drafter(self.drafter, len(prompts)) if self.drafter is not None else None
         if self.controller is not None:
             self.controller.reset()
         stats = GenerationStats(prompt_tokens=sum(p.numel() for p in prompts))
@@ -113,9 +113,9 @@ class SpecDecoder:
         rows = []
         for b, prompt in enumerate(prompts):
             root = sample(probabilities(prefill.logits[b, -1], sampling), generator)
-            if drafters[b] is not None:
-                drafters[b].begin(prompt, prefill.features[b, valid[b].to(prefill.features.device)])
-            rows.append(_Row(b, prompt, drafters[b], root, [root]))
+            rows.append(_Row(b, prompt, root, [root]))
+        if drafter is not None:
+            drafter.begin(prompts, [prefill.features[b, valid[b].to(prefill.features.device)] for b in range(len(prompts))])
         stats.prefill_ms = (time.perf_counter() - start) * 1000
         if streamer is not None:
             streamer.put(torch.tensor([rows[0].root]))
@@ -131,7 +131,9 @@ class SpecDecoder:
                 select_rows(cache, keep)
                 valid = valid[keep]
                 rows = [rows[i] for i in active]
-            new_tokens, valid, step = self._step(cache, valid, rows, max_new_tokens, pad, sampling, generator)
+                if drafter is not None:
+                    drafter.keep_rows(active)
+            new_tokens, valid, step = self._step(cache, valid, rows, drafter, max_new_tokens, pad, sampling, generator)
             for row, tokens in zip(rows, new_tokens):
                 tokens = tokens[: row.remaining(max_new_tokens)]
                 hit_eos = next((i for i, t in enumerate(tokens) if t in eos), None)
@@ -150,11 +152,12 @@ class SpecDecoder:
             streamer.end()
         return GenerationResult(sequences=self._sequences(input_ids, finished, pad), stats=stats)
 
-    def _step(self, cache, valid, rows: list[_Row], max_new_tokens: int, pad: int, sampling, generator):
+    def _step(self, cache, valid, rows: list[_Row], drafter: BatchDrafter | None, max_new_tokens: int, pad: int,
+              sampling, generator):
         """One draft-verify-accept step for all rows; returns each row's new tokens, the new valid
         mask [B, P'] and the step's stats."""
         t0 = time.perf_counter()
-        candidates = [self._draft(row, row.remaining(max_new_tokens), sampling) for row in rows]
+        candidates = self._draft(rows, drafter, max_new_tokens, sampling)
         trees = candidates
         if self.controller is not None and any(t.num_drafted for t in candidates):
             trees = self.controller.select(candidates, (time.perf_counter() - t0) * 1000)
@@ -174,10 +177,11 @@ class SpecDecoder:
             gather_columns(cache, index)
         verify_ms, draft_ms = (t2 - t1) * 1000, (t1 - t0) * 1000
         row_routing = [out.routing.select(b * width + torch.arange(len(tree))) for b, tree in enumerate(trees)]
+        if drafter is not None:
+            paths = [torch.tensor(a.path) for a in acceptances]
+            drafter.commit([tree.tokens[path] for tree, path in zip(trees, paths)],
+                           [out.features[b, path.to(out.features.device)] for b, path in enumerate(paths)])
         for b, (row, tree, acceptance) in enumerate(zip(rows, trees, acceptances)):
-            if row.drafter is not None:
-                path = torch.tensor(acceptance.path)
-                row.drafter.commit(tree.tokens[path], out.features[b, path.to(out.features.device)])
             if self.step_observer is not None:
                 self.step_observer(StepRecord(row.index, int(lengths[b]), candidates[b], tree, logits[b, : len(tree)].argmax(-1),
                                               row_routing[b].experts, acceptance, verify_ms, draft_ms))
@@ -194,17 +198,24 @@ class SpecDecoder:
         )
         return [a.new_tokens(t) for a, t in zip(acceptances, trees)], valid, step
 
-    def _draft(self, row: _Row, remaining: int, sampling: SamplingConfig) -> DraftTree:
-        """The drafter's candidate tree for one row (the root alone when not drafting)."""
+    def _draft(self, rows: list[_Row], drafter: BatchDrafter | None, max_new_tokens: int,
+               sampling: SamplingConfig) -> list[DraftTree]:
+        """Each row's candidate tree (the root alone when not drafting), checked."""
         # a step produces at most depth + 1 tokens, so deeper drafts than remaining - 1 are waste
-        if row.drafter is None or remaining <= 1:
-            return DraftTree.root_only(row.root)
-        default = row.drafter.default_budget
+        depths = [row.remaining(max_new_tokens) - 1 for row in rows]
+        if drafter is None or max(depths) <= 0:
+            return [DraftTree.root_only(row.root) for row in rows]
+        default = drafter.default_budget
         budget = self.controller.candidate_budget(default) if self.controller is not None else default
-        budget = budget.capped(remaining - 1)
         if budget.max_nodes == 0 or budget.max_depth == 0:
-            return DraftTree.root_only(row.root)
-        tree = row.drafter.propose(row.root, budget, sampling)
+            return [DraftTree.root_only(row.root) for row in rows]
+        trees = drafter.propose([row.root for row in rows], budget, depths, sampling)
+        for row, tree in zip(rows, trees):
+            self._check_tree(row, tree)
+        return [tree if int(tree.depths.max()) <= depth else tree.subtree((tree.depths <= depth).nonzero().flatten())
+                for tree, depth in zip(trees, depths)]
+
+    def _check_tree(self, row: _Row, tree: DraftTree) -> None:
         if int(tree.tokens[0]) != row.root:
             raise DrafterError(f"drafter returned a tree rooted at token {int(tree.tokens[0])}, expected {row.root}")
         bad = (tree.tokens < 0) | (tree.tokens >= self.target.vocab_size)
@@ -213,19 +224,6 @@ class SpecDecoder:
                 f"drafter proposed token ids outside the target vocabulary [0, {self.target.vocab_size}): "
                 f"{tree.tokens[bad].unique().tolist()[:8]}"
             )
-        if int(tree.depths.max()) > remaining - 1:
-            tree = tree.subtree((tree.depths <= remaining - 1).nonzero().flatten())
-        return tree
-
-    def _drafters(self, batch: int) -> list[Drafter | None]:
-        if self.drafter is None:
-            return [None] * batch
-        if batch == 1:
-            return [self.drafter]
-        spawn = getattr(self.drafter, "spawn", None)
-        if spawn is None:
-            raise InputError(f"{type(self.drafter).__name__} cannot draft for a batch (it has no spawn()); pass one prompt")
-        return [self.drafter] + [spawn() for _ in range(batch - 1)]
 
     def _validated_prompts(self, input_ids, attention_mask, max_new_tokens: int, streamer) -> list[torch.Tensor]:
         """Each row's prompt without its padding, after checking everything about the input."""

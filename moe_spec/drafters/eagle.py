@@ -33,6 +33,7 @@ from pathlib import Path
 import torch
 
 from moe_spec.drafters.base import TreeBudget
+from moe_spec.drafters.eagle_batch import EagleBatchDrafter, rerank
 from moe_spec.drafters.eagle_head import EagleHead, HeadRunner, check_fits
 from moe_spec.sampling import SamplingConfig, probabilities
 from moe_spec.target import TargetModel
@@ -64,6 +65,11 @@ class EagleDrafter:
     def spawn(self) -> EagleDrafter:
         """A fresh drafter sharing this one's head (weights) and budget, with its own cache."""
         return EagleDrafter(self.head, self.target, self.default_budget)
+
+    def for_batch(self, batch: int) -> EagleBatchDrafter:
+        """A drafter for `batch` rows sharing this one's head and budget: one head forward per
+        tree depth for all rows (`moe_spec.drafters.eagle_batch`)."""
+        return EagleBatchDrafter(self.head, self.target, batch, self.default_budget)
 
     @property
     def rows_drafted(self) -> int:
@@ -110,7 +116,7 @@ class EagleDrafter:
             finally:
                 runner.length = committed  # drop the root pair and the drafts
         # outside inference mode, so the tree holds ordinary tensors
-        return self._rerank(root_token, ids, parents, scores, budget.max_nodes)
+        return rerank(root_token, self._runner.d2t, ids, parents, scores, budget.max_nodes)
 
     # -- internals -----------------------------------------------------------------------------
 
@@ -184,15 +190,3 @@ class EagleDrafter:
             all_scores.append(scores)
             drafted += ids.numel()
         return torch.cat(all_ids), torch.cat(all_parents), torch.cat(all_scores)
-
-    def _rerank(self, root_token: int, ids: torch.Tensor, parents: torch.Tensor, scores: torch.Tensor,
-                max_nodes: int) -> DraftTree:
-        """The best `max_nodes` drafted nodes (ties: lower index), in node order, as a tree under the root."""
-        best = torch.sort(scores, descending=True, stable=True).indices[:max_nodes].sort().values  # [K]
-        kept = torch.cat([best.new_zeros(1), best + 1])  # node indices, root first, ascending
-        new_parents = torch.searchsorted(kept, parents[best])  # closed under parents: every one is found
-        return DraftTree(
-            torch.cat([torch.tensor([root_token]), self._runner.d2t[ids[best]].cpu()]),
-            torch.cat([torch.tensor([-1]), new_parents.cpu()]),
-            torch.cat([torch.zeros(1), scores[best].float().cpu()]),
-        )
