@@ -144,3 +144,27 @@ def test_sampling_in_a_batch_keeps_each_rows_distribution():
         _x1, x2, x3, _x4 = result.sequences[0, len(PROMPT):].tolist()
         counts[x2, x3] += 1
     _assert_follows(counts, _exact_distribution_of_tokens_2_and_3(model, SamplingConfig(1.0)))
+
+
+def test_batched_eagle_drafts_keep_each_rows_distribution():
+    """The EAGLE head drafting both rows in one batched forward per depth, with siblings and depth 2."""
+    from moe_spec.drafters.eagle import EagleDrafter
+    from moe_spec.drafters.eagle_head import EagleHead, config_for_target
+    from moe_spec.target import TargetModel
+
+    model = tiny_model("qwen3_moe", vocab_size=VOCAB, seed=4)
+    target = TargetModel(model)
+    torch.manual_seed(0)
+    head = EagleHead(config_for_target(target, draft_vocab_size=VOCAB), torch.randperm(VOCAB)).eval()
+    decoder = SpecDecoder(target, drafter=EagleDrafter(head, target, TreeBudget(8, 2, 3)))
+    ids = torch.tensor([PROMPT, [0, 0, 2, 5]])
+    mask = torch.tensor([[1, 1, 1, 1], [0, 0, 1, 1]])
+    generator = torch.Generator().manual_seed(13)
+    counts = torch.zeros(VOCAB, VOCAB)
+    for _ in range(1500):
+        result = decoder.generate(ids, attention_mask=mask, max_new_tokens=4, temperature=1.0, eos_token_id=[],
+                                  generator=generator)
+        _x1, x2, x3, _x4 = result.sequences[0, len(PROMPT):].tolist()
+        counts[x2, x3] += 1
+    assert sum(s.tree_size for s in result.stats.steps) > 0
+    _assert_follows(counts, _exact_distribution_of_tokens_2_and_3(model, SamplingConfig(1.0)))
