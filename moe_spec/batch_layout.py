@@ -2,7 +2,7 @@
 
 Every row's committed tokens sit right-aligned in the shared cache: row b's S_b tokens fill the
 last S_b of the P cached columns, and `valid [B, P]` marks them. A step appends each row's tree
-(padded to the widest tree with nodes that see only themselves) and then keeps, per row, its
+(padded to the widest tree with copies of the row's root, see `step_inputs`) and then keeps, per row, its
 committed columns plus its accepted path, right-aligned again in a cache of the new width.
 """
 
@@ -29,13 +29,18 @@ def prefill_inputs(prompts: list[torch.Tensor], pad_token: int) -> tuple[torch.T
     return input_ids, tree_mask, position_ids, valid
 
 
-def step_inputs(trees: list[DraftTree], lengths: torch.Tensor, pad_token: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def step_inputs(trees: list[DraftTree], lengths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Rows' trees padded to one width: input_ids [B, N], tree_mask [B, N, N], position_ids [B, N].
 
-    lengths: [B] long, each row's committed tokens (its next position)."""
+    lengths: [B] long, each row's committed tokens (its next position). A padding slot is a copy of
+    its row's root: same token, same position, seeing the row's prefix and itself. Its hidden states
+    are then the root's, so it routes to the root's experts and a batch's padding loads no expert
+    the rows do not load anyway (it still costs its token's compute). Nothing reads its outputs and
+    no node sees it; compaction drops its cache column.
+    """
     width = max(len(t) for t in trees)
     batch = len(trees)
-    input_ids = torch.full((batch, width), pad_token, dtype=torch.long)
+    input_ids = torch.stack([t.tokens[:1] for t in trees]).repeat(1, width)  # [B, N]: every slot the root
     tree_mask = torch.eye(width, dtype=torch.bool).repeat(batch, 1, 1)
     position_ids = lengths[:, None].repeat(1, width).clone()
     for row, tree in enumerate(trees):

@@ -133,7 +133,7 @@ class SpecDecoder:
                 rows = [rows[i] for i in active]
                 if drafter is not None:
                     drafter.keep_rows(active)
-            new_tokens, valid, step = self._step(cache, valid, rows, drafter, max_new_tokens, pad, sampling, generator)
+            new_tokens, valid, step = self._step(cache, valid, rows, drafter, max_new_tokens, sampling, generator)
             for row, tokens in zip(rows, new_tokens):
                 tokens = tokens[: row.remaining(max_new_tokens)]
                 hit_eos = next((i for i, t in enumerate(tokens) if t in eos), None)
@@ -152,7 +152,7 @@ class SpecDecoder:
             streamer.end()
         return GenerationResult(sequences=self._sequences(input_ids, finished, pad), stats=stats)
 
-    def _step(self, cache, valid, rows: list[_Row], drafter: BatchDrafter | None, max_new_tokens: int, pad: int,
+    def _step(self, cache, valid, rows: list[_Row], drafter: BatchDrafter | None, max_new_tokens: int,
               sampling, generator):
         """One draft-verify-accept step for all rows; returns each row's new tokens, the new valid
         mask [B, P'] and the step's stats."""
@@ -163,7 +163,7 @@ class SpecDecoder:
             trees = self.controller.select(candidates, (time.perf_counter() - t0) * 1000)
         t1 = time.perf_counter()
         lengths = valid.sum(1)
-        ids, tree_mask, positions = step_inputs(trees, lengths, pad)
+        ids, tree_mask, positions = step_inputs(trees, lengths)
         out = self.target.forward_tree(cache, ids, tree_mask, positions, prefix_valid=valid)
         t2 = time.perf_counter()
         width = ids.shape[1]

@@ -70,3 +70,23 @@ def test_a_drafter_without_spawn_is_refused_for_batches():
     ids, mask = left_padded(ROWS[:2])
     with pytest.raises(Exception, match="cannot draft for a batch"):
         SpecDecoder(model, drafter=OneSequenceDrafter()).generate(ids, attention_mask=mask, max_new_tokens=4)
+
+
+@pytest.mark.parametrize("arch", ["qwen3_moe", "gpt_oss", "deepseek_v3"])
+def test_padding_slots_copy_their_root_and_load_no_extra_experts(arch):
+    from moe_spec.batch_layout import prefill_inputs, step_inputs
+    from moe_spec.target import TargetModel
+    from moe_spec.tree import DraftTree
+
+    target = TargetModel(tiny_model(arch))
+    prompts = [torch.tensor(REPETITIVE_PROMPT), torch.tensor(PLAIN_PROMPT)]
+    trees = [DraftTree.from_lists([9, 3, 4, 5, 6], [-1, 0, 0, 1, 3]), DraftTree.root_only(11)]
+    cache = target.new_cache()
+    ids, mask, positions, valid = prefill_inputs(prompts, pad_token=0)
+    target.forward_tree(cache, ids, mask, positions)
+    ids, tree_mask, positions = step_inputs(trees, valid.sum(1))
+    out = target.forward_tree(cache, ids, tree_mask, positions, prefix_valid=valid)
+    experts = out.routing.experts.view(out.routing.experts.shape[0], 2, 5, -1)  # [L, B, N, K]
+    for slot in range(1, 5):  # row 1's padding routes exactly as its root
+        assert torch.equal(experts[:, 1, slot].sort(-1).values, experts[:, 1, 0].sort(-1).values)
+        assert torch.allclose(out.logits[1, slot], out.logits[1, 0], atol=1e-5)

@@ -145,7 +145,7 @@ def batched_verify_run(target: TargetModel, cache, trees: Sequence[DraftTree]) -
 
     prefix_len = cache.get_seq_length()
     lengths = torch.full((len(trees),), prefix_len, dtype=torch.long)
-    ids, mask, positions = step_inputs(list(trees), lengths, pad_token=0)
+    ids, mask, positions = step_inputs(list(trees), lengths)
 
     def run() -> tuple[int, ...]:
         out = target.forward_tree(cache, ids, mask, positions)
