@@ -23,12 +23,13 @@ from moe_spec.tree import DraftTree
 
 
 def token_count_cost(profile):
-    """T -> verify ms from the token count alone: the cost model fed the profile's average
-    unique experts for the best-first T nodes of real draft trees (what a latency-vs-tokens
-    profile on real trees, as EVICT uses, would measure)."""
+    """(T, B) -> verify ms of a pass of T tokens over B rows from the token count alone: the cost
+    model fed the profile's average unique experts for the best-first T nodes of real draft trees
+    (what a latency-vs-tokens profile on real trees, as EVICT uses, would measure). Beyond the
+    largest tree the curve was measured on, the unique experts stay at that tree's count."""
     cost = profile.cost_model
     if cost.num_layers == 0:
-        return lambda tokens: cost.base_ms + cost.per_token_ms * tokens
+        return lambda tokens, rows=1: cost.fixed_ms(rows) + cost.per_token_ms * tokens
     curve = profile.details.get("routing", {}).get("unique_experts_curve")
     if not curve:
         raise ValueError("this profile has no unique-experts curve for real trees")
@@ -36,13 +37,12 @@ def token_count_cost(profile):
     real = np.asarray(curve["real"], dtype=np.float64)  # [sizes, L], NaN where no tree was that large
     known = ~np.isnan(real).any(axis=1)
     sizes, real = sizes[known], real[known]
-    table: dict[int, float] = {}
+    table: dict[int, np.ndarray] = {}  # T -> [L] unique experts
 
-    def verify_ms(tokens: int) -> float:
+    def verify_ms(tokens: int, rows: int = 1) -> float:
         if tokens not in table:
-            unique = [np.interp(tokens, sizes, real[:, layer]) for layer in range(real.shape[1])]
-            table[tokens] = cost.predict_ms(tokens, unique)
-        return table[tokens]
+            table[tokens] = np.array([np.interp(tokens, sizes, real[:, layer]) for layer in range(real.shape[1])])
+        return cost.predict_ms(tokens, table[tokens], rows)
 
     return verify_ms
 
@@ -87,7 +87,7 @@ class _ProfiledController:
         if not self.adapt:
             return base
         f = self.cost_correction.factor
-        return replace(base, base_ms=base.base_ms * f, per_token_ms=base.per_token_ms * f,
+        return replace(base, base_ms=base.base_ms * f, per_row_ms=base.per_row_ms * f, per_token_ms=base.per_token_ms * f,
                        per_expert_ms=tuple(c * f for c in base.per_expert_ms))
 
     def _learn_acceptance(self, verified: Sequence[DraftTree], acceptances: Sequence[Acceptance]) -> None:
@@ -104,7 +104,7 @@ class _ProfiledController:
         """The uncorrected cost model's time for verifying these rows' trees in one pass."""
         cost = cost or self.profile.cost_model
         probs = torch.cat([self._expert_probs(t) for t in trees], dim=1) if cost.num_layers else None  # [L, N, E]
-        return subset_verify_ms(cost, list(range(sum(len(t) for t in trees))), probs)
+        return subset_verify_ms(cost, list(range(sum(len(t) for t in trees))), probs, rows=len(trees))
 
     def _expert_probs(self, tree: DraftTree) -> torch.Tensor | None:
         """[L, N, E] predicted routing, in the form the profile found to predict unique experts best
@@ -194,7 +194,8 @@ class TruncateController(_ProfiledController):
     name = "truncate"
 
     def __init__(self, profile, token_cost, adapt: bool = True, persist: bool = False, budget: TreeBudget | None = None):
-        """token_cost: callable T -> verify ms for T tokens (a token-count-only latency curve)."""
+        """token_cost: callable (T, B=1) -> verify ms for T tokens over B rows (a token-count-only
+        latency curve, e.g. `token_count_cost(profile)`)."""
         super().__init__(profile, adapt=adapt, persist=persist)
         self.token_cost = token_cost
         self.budget = budget or TreeBudget(60, 5, 10)
@@ -203,10 +204,20 @@ class TruncateController(_ProfiledController):
         return self.budget
 
     def select(self, candidates: Sequence[DraftTree], draft_ms: float) -> list[DraftTree]:
-        """Per row, the best score-order prefix (budgets per row, as EVICT sizes one sequence's tree)."""
+        """Per row, the best score-order prefix (budgets per row, as EVICT sizes one sequence's tree).
+
+        With B rows in the pass, a row is priced as its share of a pass in which every row keeps as
+        many tokens as it does: (token_cost(B * T, B) / B) against draft_ms / B. For B = 1 this is
+        EVICT's single-sequence cut; for B > 1 the shared call cost is split between the rows, as the
+        feedback's prediction of the whole pass, token_cost(sum T, B), splits it."""
         factor = self.cost_correction.factor if self.adapt else 1.0
+        rows = len(candidates)
+
+        def row_share_ms(tokens: int) -> float:
+            return factor * self.token_cost(rows * tokens, rows) / rows
+
         return [
-            tree.subtree(best_prefix_by_score(tree, self.values(tree), lambda t: factor * self.token_cost(t), draft_ms))
+            tree.subtree(best_prefix_by_score(tree, self.values(tree), row_share_ms, draft_ms / rows))
             for tree in candidates
         ]
 
@@ -214,4 +225,4 @@ class TruncateController(_ProfiledController):
         if not self.adapt or not any(t.num_drafted for t in verified):
             return
         self._learn_acceptance(verified, acceptances)
-        self.cost_correction.update(self.token_cost(sum(len(t) for t in verified)), verify_ms)
+        self.cost_correction.update(self.token_cost(sum(len(t) for t in verified), len(verified)), verify_ms)

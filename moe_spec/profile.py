@@ -32,7 +32,7 @@ from moe_spec.profiling.expert_predictor import TokenExpertTable
 from moe_spec.routing import find_routers
 from moe_spec.target import TargetModel
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: the cost model's per_row_ms (version-1 files are read with per_row_ms = 0)
 _HASH_ELEMENTS = 4096  # elements sampled per tensor for the weights hash
 
 

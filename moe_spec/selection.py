@@ -5,11 +5,12 @@ produces on average 1 + sum_{i in S, i != root} v_i tokens, where v_i is the cal
 probability that node i lies on the accepted path (the 1 is the bonus token). It costs the
 draft time d (already spent when we choose) plus the verify time
 
-    t(S) = base_ms + per_token_ms * |S| + sum_l per_expert_ms[l] * U_l(S),
+    t(S) = base_ms + per_row_ms * (B - 1) + per_token_ms * |S| + sum_l per_expert_ms[l] * U_l(S),
 
 U_l(S) = sum_e 1 - prod_{i in S} (1 - p_{l,i,e}) being the expected number of distinct experts
-layer l loads for S (p: predicted routing probabilities). The controller maximises the step's
-throughput (1 + V(S)) / (d + t(S)).
+layer l loads for S (p: predicted routing probabilities) and B the rows verified in the pass
+(1 for one sequence; a batch's B rows share one pass, one t and one set of loaded experts). The
+controller maximises the step's throughput (B + V(S)) / (d + t(S)).
 
 Adding node j raises the value by v_j and the time by per_token_ms plus the experts it adds
 that S does not load yet: sum_l per_expert_ms[l] * sum_e p_{l,j,e} * prod_{i in S} (1 - p_{l,i,e}).
@@ -44,13 +45,14 @@ def throughput(value: float, draft_ms: float, verify_ms: float) -> float:
     return value / max(draft_ms + verify_ms, 1e-9)
 
 
-def subset_verify_ms(cost: CostModel, keep: list[int], expert_probs: torch.Tensor | None) -> float:
-    """t(S) for node indices `keep` (root included)."""
+def subset_verify_ms(cost: CostModel, keep: list[int], expert_probs: torch.Tensor | None, rows: int = 1) -> float:
+    """t(S) for node indices `keep` (every row's root included) of a pass over `rows` rows; with
+    several rows, `keep` and expert_probs' N index the rows' nodes side by side."""
     if expert_probs is None or cost.num_layers == 0:
-        return cost.base_ms + cost.per_token_ms * len(keep)
+        return cost.fixed_ms(rows) + cost.per_token_ms * len(keep)
     probs = expert_probs[:, keep].double()  # [L, |S|, E]
     unique = (1.0 - torch.prod(1.0 - probs, dim=1)).sum(-1)  # [L]
-    return cost.predict_ms(len(keep), unique)
+    return cost.predict_ms(len(keep), unique, rows)
 
 
 def subset_objective(cost: CostModel, prices: StepPrices, keep: list[int]) -> float:
@@ -77,23 +79,30 @@ def best_first_forest(
     no chosen node of *any* row loads yet. Growth stops `patience` nodes after the last improvement.
     Returns each row's chosen node indices, root first.
 
-    Runs in numpy: the arrays are small and this sits on every decoding step's critical path.
+    Runs in numpy, on the critical path of every decoding step. Each node's marginal time is kept
+    and updated as nodes are chosen: a chosen node lowers the chance that an expert is still
+    unloaded only for the (layer, expert) entries it may load (K per layer with top-K predictions),
+    so only those columns are subtracted, instead of re-pricing every node against every expert.
     """
     offsets = np.cumsum([0] + [len(t) for t in trees])
     n = int(offsets[-1])
     parents = np.concatenate([np.where(t.parents.numpy() >= 0, t.parents.numpy() + o, -1) for t, o in zip(trees, offsets)])
     values = np.concatenate([p.values.double().numpy() for p in prices])  # [N]
     is_root = parents < 0
-    per_expert = np.asarray(cost.expert_weights(), dtype=np.float64) if cost.num_layers else None  # [L]
-    priced = per_expert is not None and all(p.expert_probs is not None for p in prices)
-    probs = np.concatenate([p.expert_probs.double().numpy() for p in prices], axis=1) if priced else None  # [L, N, E]
     roots = np.flatnonzero(is_root)
-    if probs is not None:
-        miss = np.prod(1.0 - probs[:, roots], axis=1)  # [L, E]: chance no chosen node loads the expert yet
-        verify = cost.predict_ms(len(roots), (1.0 - miss).sum(-1))
-        weighted = (probs * per_expert[:, None, None]).transpose(1, 0, 2).reshape(n, -1)  # [N, L*E]: ms if new
+    priced = cost.num_layers > 0 and all(p.expert_probs is not None for p in prices)
+    added_ms = np.full(n, cost.per_token_ms)  # [N]: ms that choosing each node would add now
+    if priced:
+        row_probs = [p.expert_probs.double().numpy() for p in prices]  # each [L, N_b, E]
+        num_layers, _, num_experts = row_probs[0].shape
+        by_expert = np.concatenate([r.transpose(0, 2, 1) for r in row_probs], axis=2).reshape(-1, n)  # [L*E, N]
+        per_expert = np.repeat(np.asarray(cost.expert_weights(), dtype=np.float64), num_experts)  # [L*E] ms if new
+        miss = np.prod([1.0 - r[:, 0] for r in row_probs], axis=0).reshape(-1)  # [L*E]: chance no chosen node loads it yet
+        added_ms += (miss * per_expert) @ by_expert
+        verify = cost.predict_ms(len(roots), (1.0 - miss).reshape(num_layers, num_experts).sum(-1), rows=len(roots))
+        row_of = np.repeat(np.arange(len(trees)), np.diff(offsets))  # [N]
     else:
-        verify = cost.base_ms + cost.per_token_ms * len(roots)
+        verify = cost.fixed_ms(len(roots)) + cost.per_token_ms * len(roots)
     value = float(len(roots))  # every row's bonus token
     limit = n - len(roots) if max_nodes is None else min(max_nodes, n - len(roots))
     chosen: list[int] = []
@@ -107,23 +116,27 @@ def best_first_forest(
         frontier = np.flatnonzero(in_frontier)
         if frontier.size == 0:
             break
-        added_ms = np.full(frontier.size, cost.per_token_ms)
-        if probs is not None:
-            added_ms = added_ms + (weighted @ miss.reshape(-1))[frontier]
-        pick = int(np.argmax(values[frontier] / np.maximum(added_ms, 1e-9)))
-        node = int(frontier[pick])
+        node = int(frontier[np.argmax(values[frontier] / np.maximum(added_ms[frontier], 1e-9))])
         chosen.append(node)
         value += values[node]
-        verify += added_ms[pick]
-        if probs is not None:
-            miss = miss * (1.0 - probs[:, node])
+        verify += added_ms[node]
+        if priced:
+            row = int(row_of[node])
+            loads = row_probs[row][:, node - offsets[row]].reshape(-1)  # [L*E]: P(node loads expert e of layer l)
+            touched = np.flatnonzero(loads * miss)  # [M]: the entries whose miss changes (not yet surely loaded)
+            kept = miss[touched] * (1.0 - loads[touched])
+            added_ms -= ((miss[touched] - kept) * per_expert[touched]) @ by_expert[touched]  # their price drops for every node
+            miss[touched] = kept
         in_frontier[node] = False
         in_frontier[children[node]] = True
         rate = throughput(value, draft_ms, verify)
         if rate > best_rate:
             best_rate, best_size = rate, len(chosen)
-    kept = chosen[:best_size]
-    return [[0] + [k - int(offsets[row]) for k in kept if offsets[row] <= k < offsets[row + 1]] for row in range(len(trees))]
+    kept_nodes = chosen[:best_size]
+    return [
+        [0] + [k - int(offsets[row]) for k in kept_nodes if offsets[row] <= k < offsets[row + 1]]
+        for row in range(len(trees))
+    ]
 
 
 def best_prefix_by_score(tree: DraftTree, values: torch.Tensor, verify_ms_for_tokens, draft_ms: float) -> list[int]:

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from moe_spec import LookupDrafter, SpecDecoder, TreeBudget
+from moe_spec.acceptance import Acceptance
 from moe_spec.controller import StaticController
 from moe_spec.cost_aware import MoeAwareController, TruncateController, token_count_cost
 from moe_spec.profiling.latency import TimingConfig
@@ -112,3 +113,52 @@ def test_online_corrections_reset_per_generate_unless_persisted():
             assert controller.acceptance_correction.predicted == learned
         else:
             assert controller.acceptance_correction.predicted == {} or controller.acceptance_correction.predicted != learned
+
+
+def _forest(rows: int, nodes: int, seed: int) -> list[DraftTree]:
+    generator = torch.Generator().manual_seed(seed)
+    trees = []
+    for _ in range(rows):
+        parents = [-1] + [int(torch.randint(0, i, (1,), generator=generator)) for i in range(1, nodes)]
+        scores = torch.zeros(nodes)
+        for i in range(1, nodes):
+            scores[i] = scores[parents[i]] - float(torch.rand((), generator=generator))
+        trees.append(DraftTree(torch.randint(0, 90, (nodes,), generator=generator), torch.tensor(parents), scores))
+    return trees
+
+
+def test_batched_predictions_and_corrections_carry_the_row_term():
+    _, _, measured = _profiled("qwen3_moe")
+    profile = replace(measured, cost_model=replace(measured.cost_model, per_row_ms=0.0))
+    with_rows = replace(profile, cost_model=replace(profile.cost_model, per_row_ms=5.0))
+    trees = _forest(3, 6, seed=0)
+    plain, rowed = MoeAwareController(profile), MoeAwareController(with_rows)
+    assert rowed.predicted_verify_ms(trees) - plain.predicted_verify_ms(trees) == pytest.approx(2 * 5.0)
+    assert rowed.predicted_verify_ms(trees[:1]) == pytest.approx(plain.predicted_verify_ms(trees[:1]))
+    rowed.cost_correction.update(1.0, 1.5)  # measured 1.5x the prediction
+    factor = rowed.cost_correction.factor
+    assert rowed.cost_model().per_row_ms == pytest.approx(5.0 * factor)
+    assert rowed.cost_model().base_ms == pytest.approx(with_rows.cost_model.base_ms * factor)
+
+
+def test_truncate_prices_a_batch_with_the_row_term_and_learns_from_the_whole_pass():
+    _, _, measured = _profiled("qwen3_moe")
+    profile = replace(measured, cost_model=replace(measured.cost_model, per_row_ms=0.0))
+    token_cost = token_count_cost(profile)
+    trees = _forest(4, 12, seed=1)
+    kept = []
+    for per_row_ms in (0.0, 200.0):
+        dear_rows = replace(profile, cost_model=replace(profile.cost_model, per_row_ms=per_row_ms))
+        controller = TruncateController(dear_rows, token_count_cost(dear_rows), adapt=False)
+        kept.append(sum(t.num_drafted for t in controller.select(trees, draft_ms=1.0)))
+        assert [t.num_drafted for t in controller.select(trees[:1], draft_ms=1.0)] == [
+            t.num_drafted for t in TruncateController(profile, token_cost, adapt=False).select(trees[:1], draft_ms=1.0)
+        ], "one row: the row term plays no part"
+    assert kept[1] > kept[0], "a dear pass per row makes each row's drafted tokens relatively cheaper"
+    # the feedback prices the whole pass as B rows: a pass measured at that price needs no correction
+    dear_rows = replace(profile, cost_model=replace(profile.cost_model, per_row_ms=200.0))
+    dear_cost = token_count_cost(dear_rows)
+    controller = TruncateController(dear_rows, dear_cost)
+    measured = dear_cost(sum(len(t) for t in trees), len(trees))
+    controller.feedback(trees, [Acceptance([0, 1], 5) for _ in trees], measured, 1.0, None)
+    assert controller.cost_correction.factor == pytest.approx(1.0)

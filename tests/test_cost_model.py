@@ -96,3 +96,46 @@ def test_fit_keeps_coefficients_nonnegative():
     model = CostModel.fit(samples)
     assert model.per_expert_ms == (0.0,)
     assert model.per_token_ms == pytest.approx(0.1, rel=0.05)
+
+
+def _batched_synthetic(base, per_row, per_token, per_expert, num_layers, rows_counts, seed=0):
+    rng = np.random.default_rng(seed)
+    samples = []
+    for rows in rows_counts:
+        for tokens in (1, 4, 16, 64):
+            for _ in range(3):
+                total = rows * tokens
+                unique = tuple(int(u) for u in rng.integers(2, 64, size=num_layers))
+                ms = base + per_row * (rows - 1) + per_token * total + per_expert * sum(unique)
+                samples.append(CostSample(total, unique, ms, rows))
+    return samples
+
+
+def test_fit_recovers_the_per_row_cost_from_passes_of_several_row_counts():
+    model = CostModel.fit(_batched_synthetic(11.4, 2.5, 0.26, 0.042, num_layers=8, rows_counts=(1, 2, 4, 8)))
+    assert model.per_row_ms == pytest.approx(2.5, rel=1e-6)
+    assert model.base_ms == pytest.approx(11.4, rel=1e-6)
+    assert model.per_token_ms == pytest.approx(0.26, rel=1e-6)
+    assert model.per_expert_ms == pytest.approx((0.042,), rel=1e-6)
+
+
+def test_one_row_count_leaves_the_row_term_out_of_the_fit():
+    # B is constant: its column would be collinear with the intercept, so base absorbs it
+    for rows in (1, 4):
+        model = CostModel.fit(_batched_synthetic(11.4, 2.5, 0.26, 0.042, num_layers=8, rows_counts=(rows,)))
+        assert model.per_row_ms == 0.0
+        assert model.base_ms == pytest.approx(11.4 + 2.5 * (rows - 1), rel=1e-6)
+        assert model.per_token_ms == pytest.approx(0.26, rel=1e-6)
+
+
+def test_the_row_term_counts_rows_after_the_first():
+    model = CostModel(base_ms=10.0, per_token_ms=0.5, per_expert_ms=(0.25,), num_layers=2, per_row_ms=3.0)
+    assert model.predict_ms(4, [3, 5]) == pytest.approx(10.0 + 0.5 * 4 + 0.25 * 8)
+    assert model.predict_ms(4, [3, 5], rows=4) == pytest.approx(10.0 + 3.0 * 3 + 0.5 * 4 + 0.25 * 8)
+    with pytest.raises(ValueError):
+        model.predict_ms(4, [3, 5], rows=0)
+    assert CostModel.from_dict(model.to_dict()) == model
+    older = {k: v for k, v in model.to_dict().items() if k != "per_row_ms"}  # a profile from before the row term
+    assert CostModel.from_dict(older).per_row_ms == 0.0
+    sample = CostSample(4, (3, 5), 10.0 + 9.0 + 2.0 + 2.0, rows=4)
+    assert relative_errors(model, [sample]) == pytest.approx([0.0])

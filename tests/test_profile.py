@@ -29,7 +29,7 @@ def _profile(model) -> Profile:
     return Profile(
         fingerprint=fingerprint(model),
         hardware=hardware_description(),
-        cost_model=CostModel(3.0, 0.1, (0.05,), num_layers=2),
+        cost_model=CostModel(3.0, 0.1, (0.05,), num_layers=2, per_row_ms=0.7),
         calibration=AcceptanceCalibration((iso, iso), (iso, iso), 2),
         expert_table=TokenExpertTable.from_stats(stats),
         details={"note": "test", "nan_becomes_null": float("nan")},
@@ -53,6 +53,18 @@ def test_round_trip(tmp_path, model):
     assert torch.allclose(loaded.calibrated_path_probability(tree), profile.calibrated_path_probability(tree))
     json.loads((tmp_path / "p.json").read_text())  # strict JSON: no NaN
     Profile.load(tmp_path / "p.json", target=TargetModel(model))
+
+
+def test_a_version_1_profile_without_a_row_term_still_loads(tmp_path, model):
+    _profile(model).save(tmp_path / "p.json")
+    document = json.loads((tmp_path / "p.json").read_text())
+    document["schema_version"] = 1
+    del document["cost_model"]["per_row_ms"]
+    (tmp_path / "p.json").write_text(json.dumps(document))
+    loaded = Profile.load(tmp_path / "p.json", target=model)
+    assert loaded.schema_version == 1
+    assert loaded.cost_model.per_row_ms == 0.0
+    assert loaded.cost_model.predict_ms(4, [2, 2], rows=3) == pytest.approx(3.0 + 0.1 * 4 + 0.05 * 4)
 
 
 def test_fingerprint_is_stable_and_sees_weight_changes(model):

@@ -37,6 +37,7 @@ def test_profile_command_end_to_end(tmp_path, model_dir, capsys):
         "--plots", str(tmp_path / "plots"),
         "--max-new-tokens", "12", "--repeats", "2", "--warmup", "1", "--evict-mb", "8", "--threads", "1",
         "--grid-tokens", "1,4,16", "--grid-experts", "2,4,8", "--natural-trees", "6", "--prefix-len", "16",
+        "--batch-sizes", "2,4",
     )
     record = run(args)
     stdout = capsys.readouterr().out.strip().splitlines()
@@ -48,9 +49,15 @@ def test_profile_command_end_to_end(tmp_path, model_dir, capsys):
     assert {(p["T"], p["U"]) for p in grid} == {(1, 2), (4, 2), (4, 4), (4, 8), (16, 2), (16, 4), (16, 8)}
     assert profile.cost_model.num_layers == 2
     batched = profile.details["latency"]["batched_passes"]
-    assert len(batched) == 8 and {row["split"] for row in batched} == {"batch-fit", "batch-heldout"}
-    assert all(row["T"] >= 4 and len(row["U"]) == 2 for row in batched), "4 rows per pass, union U per layer"
-    assert profile.details["cost_model_report"]["heldout_batched_error"]["n"] == 4
+    assert len(batched) == 16 and {row["split"] for row in batched} == {"batch-fit", "batch-heldout"}
+    assert sorted({row["B"] for row in batched}) == [2, 4]
+    assert all(row["B"] * row["width"] >= row["T"] for row in batched), "rows are padded to the widest tree"
+    assert all(row["T"] >= row["B"] and len(row["U"]) == 2 for row in batched), "a root per row, union U per layer"
+    report = profile.details["cost_model_report"]
+    assert report["heldout_batched_error"]["n"] == report["heldout_batched_error_without_row_term"]["n"] == 8
+    assert profile.cost_model.per_row_ms >= 0.0  # fitted: passes of 1, 2 and 4 rows
+    assert record["heldout_batched_median_rel_error"] == report["heldout_batched_error"]["median"]
+    assert "batched error" in "\n".join(stdout[:-1])
     assert profile.details["measurement"]["experts_implementation"] == "grouped_mm"
     assert profile.details["measurement"]["cold_weights"] is True
     assert profile.hardware["torch_threads"] == 1

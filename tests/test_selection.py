@@ -3,10 +3,19 @@
 import itertools
 import random
 
+import numpy as np
 import torch
 
 from moe_spec.cost_model import CostModel
-from moe_spec.selection import StepPrices, best_first_subtree, best_prefix_by_score, subset_objective
+from moe_spec.selection import (
+    StepPrices,
+    best_first_forest,
+    best_first_subtree,
+    best_prefix_by_score,
+    subset_objective,
+    subset_verify_ms,
+    throughput,
+)
 from moe_spec.tree import DraftTree
 
 
@@ -88,3 +97,93 @@ def test_prefix_truncation_keeps_the_best_score_prefix():
     keep = best_prefix_by_score(tree, values, lambda t: 10.0 + 1.0 * t, draft_ms=0.0)
     assert keep == [0, 1, 2]
     assert best_prefix_by_score(tree, values, lambda t: 1.0 + 10.0 * t, draft_ms=0.0) == [0]
+
+
+def reference_best_first_forest(trees, prices, cost, draft_ms, max_nodes=None, patience=12):
+    """Best-first growth over a forest written plainly: every iteration prices every frontier node
+    against the experts no chosen node loads yet, from scratch. The fast implementation must choose
+    the same nodes."""
+    offsets = np.cumsum([0] + [len(t) for t in trees])
+    nodes = [(row, i) for row, t in enumerate(trees) for i in range(len(t))]
+    parent = [-1 if int(trees[row].parents[i]) < 0 else int(offsets[row]) + int(trees[row].parents[i]) for row, i in nodes]
+    values = [float(prices[row].values[i]) for row, i in nodes]
+    roots = [k for k in range(len(nodes)) if parent[k] < 0]
+    priced = cost.num_layers > 0 and all(p.expert_probs is not None for p in prices)
+    weights = cost.expert_weights()
+    if priced:
+        probs = torch.cat([p.expert_probs.double() for p in prices], dim=1).numpy()  # [L, N, E]
+        miss = np.prod(1.0 - probs[:, roots], axis=1)  # [L, E]
+    chosen = []
+    verify = subset_verify_ms(cost, roots, torch.from_numpy(probs) if priced else None, rows=len(roots))
+    value = float(len(roots))
+    best_rate, best_size = throughput(value, draft_ms, verify), 0
+    limit = len(nodes) - len(roots) if max_nodes is None else min(max_nodes, len(nodes) - len(roots))
+    while len(chosen) < limit and len(chosen) - best_size < patience:
+        taken = set(roots) | set(chosen)
+        frontier = [k for k in range(len(nodes)) if k not in taken and parent[k] in taken]
+        if not frontier:
+            break
+        added = {k: cost.per_token_ms + (float((weights[:, None] * probs[:, k] * miss).sum()) if priced else 0.0)
+                 for k in frontier}
+        node = max(frontier, key=lambda k: (values[k] / max(added[k], 1e-9), -k))  # ties to the lower index
+        chosen.append(node)
+        value += values[node]
+        verify += added[node]
+        if priced:
+            miss = miss * (1.0 - probs[:, node])
+        rate = throughput(value, draft_ms, verify)
+        if rate > best_rate:
+            best_rate, best_size = rate, len(chosen)
+    kept = chosen[:best_size]
+    return [[0] + [k - int(offsets[row]) for k in kept if nodes[k][0] == row] for row in range(len(trees))]
+
+
+def _random_forest(rng: np.random.Generator, rows: int, max_nodes: int, layers: int, experts: int, fractional: bool):
+    trees, prices = [], []
+    for _ in range(rows):
+        n = int(rng.integers(1, max_nodes + 1))
+        parents = [-1] + [int(rng.integers(0, i)) for i in range(1, n)]
+        values = torch.ones(n, dtype=torch.float64)
+        for i in range(1, n):
+            values[i] = values[parents[i]] * rng.uniform(0.05, 0.98)
+        if fractional:  # a smoothed predictor: many small probabilities, some exactly zero
+            probs = rng.dirichlet(np.full(experts, 0.3), size=(layers, n)) * min(2, experts)
+            probs[rng.random(probs.shape) < 0.3] = 0.0
+        else:  # top-2 sets
+            probs = np.zeros((layers, n, experts))
+            for layer in range(layers):
+                for node in range(n):
+                    probs[layer, node, rng.choice(experts, 2, replace=False)] = 1.0
+        trees.append(DraftTree.from_lists(rng.integers(0, 50, n).tolist(), parents))
+        prices.append(StepPrices(values, torch.from_numpy(np.clip(probs, 0.0, 1.0)), draft_ms=0.0))
+    return trees, prices
+
+
+def test_fast_forest_growth_chooses_what_the_plain_reference_chooses():
+    rng = np.random.default_rng(0)
+    grew = 0
+    for case in range(120):
+        layers, experts = int(rng.integers(1, 4)), int(rng.integers(4, 17))
+        trees, prices = _random_forest(rng, int(rng.integers(1, 6)), 30, layers, experts, fractional=case % 2 == 1)
+        cost = CostModel(base_ms=rng.uniform(2, 20), per_token_ms=rng.uniform(0.02, 0.5),
+                         per_expert_ms=tuple(rng.uniform(0.05, 1.0, size=layers)), num_layers=layers,
+                         per_row_ms=rng.uniform(0, 3))
+        draft_ms = rng.uniform(0, 10)
+        expected = reference_best_first_forest(trees, prices, cost, draft_ms)
+        assert best_first_forest(trees, prices, cost, draft_ms) == expected, f"case {case}"
+        grew += sum(len(keep) > 1 for keep in expected)
+        unpriced = [StepPrices(p.values, None, p.draft_ms) for p in prices]
+        assert best_first_forest(trees, unpriced, cost, draft_ms) == reference_best_first_forest(trees, unpriced, cost, draft_ms)
+    assert grew > 100, "the cases must exercise growth, not only root-only answers"
+
+
+def test_a_dear_row_term_makes_a_batch_speculate_more():
+    # verifying extra rows costs time that does not grow with tokens: a larger share of fixed cost
+    # per pass makes each drafted token relatively cheaper
+    rng = np.random.default_rng(3)
+    trees, prices = _random_forest(rng, 4, 20, 2, 8, fractional=False)
+    sizes = []
+    for per_row_ms in (0.0, 50.0):
+        cost = CostModel(base_ms=1.0, per_token_ms=0.4, per_expert_ms=(0.3,), num_layers=2, per_row_ms=per_row_ms)
+        sizes.append(sum(len(keep) for keep in best_first_forest(trees, prices, cost, draft_ms=0.5)))
+    assert sizes[1] > sizes[0]

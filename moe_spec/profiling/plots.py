@@ -10,7 +10,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402  (the backend must be chosen first)
 import numpy as np  # noqa: E402
 
-from moe_spec.cost_model import CostModel, CostSample  # noqa: E402
+from moe_spec.cost_model import CostModel, CostSample, predict_sample  # noqa: E402
 
 
 def plot_unique_experts(sizes, real_mean, random_mean, num_experts: int, path: Path) -> None:
@@ -46,12 +46,15 @@ def plot_latency_heatmap(points: list[dict], path: Path, statistic: str = "min")
     _save(fig, path)
 
 
-def plot_residuals(model: CostModel, fitted: list[CostSample], held_out: list[CostSample], path: Path) -> None:
+def plot_residuals(
+    model: CostModel, fitted: list[CostSample], held_out: list[CostSample], held_out_batched: list[CostSample], path: Path
+) -> None:
     fig, ax = plt.subplots(figsize=(5, 3.5))
-    for samples, label, marker in ((fitted, "fitted on", "o"), (held_out, "held-out natural trees", "x")):
+    series = ((fitted, "fitted on", "o"), (held_out, "held-out natural trees", "x"), (held_out_batched, "held-out batched passes", "+"))
+    for samples, label, marker in series:
         if samples:
             measured = np.array([s.ms for s in samples])
-            predicted = np.array([model.predict_ms(s.num_tokens, s.unique_experts) for s in samples])
+            predicted = np.array([predict_sample(model, s) for s in samples])
             ax.scatter(measured, (predicted - measured) / measured * 100, marker=marker, s=14, label=label)
     ax.axhline(0, color="grey", lw=0.8)
     ax.set_xlabel("measured verify ms")

@@ -57,6 +57,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--grid-tokens", type=_int_list, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--grid-experts", type=_int_list, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--natural-trees", type=int, default=40, help=argparse.SUPPRESS)
+    parser.add_argument("--batch-sizes", type=_int_list, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--prefix-len", type=int, default=128, help=argparse.SUPPRESS)
     parser.add_argument("--tree-nodes", type=int, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--tree-depth", type=int, default=None, help=argparse.SUPPRESS)
@@ -96,6 +97,7 @@ def run(args: argparse.Namespace) -> dict:
         grid_tokens=args.grid_tokens or defaults.grid_tokens,
         grid_experts=args.grid_experts or defaults.grid_experts,
         natural_trees=args.natural_trees,
+        batch_sizes=args.batch_sizes or defaults.batch_sizes,
         timing=TimingConfig(args.repeats, args.warmup, args.evict_mb, args.statistic),
         per_layer_cost=args.per_layer_cost,
         seed=args.seed,
@@ -116,6 +118,8 @@ def run(args: argparse.Namespace) -> dict:
         "cost_model": profile.cost_model.to_dict(),
         "heldout_median_rel_error": report.get("heldout_natural_error", {}).get("median"),
         "heldout_p90_rel_error": report.get("heldout_natural_error", {}).get("p90"),
+        "heldout_batched_median_rel_error": report.get("heldout_batched_error", {}).get("median"),
+        "heldout_batched_p90_rel_error": report.get("heldout_batched_error", {}).get("p90"),
         "calibration": profile.details.get("calibration"),
         "predictor_node_recall": profile.details.get("expert_predictor", {}).get("node_recall"),
         "plots": [str(p) for p in plots],
@@ -169,8 +173,11 @@ def write_plots(profile: Profile, folder: Path) -> list[Path]:
     fitted = [CostSample(p["T"], (p["U"],) * num_layers, p["ms"]) for p in latency["grid"]]
     fitted += [CostSample(n["T"], tuple(n["U"]), n["ms"]) for n in latency["natural_trees"] if n["split"] == "fit"]
     held_out = [CostSample(n["T"], tuple(n["U"]), n["ms"]) for n in latency["natural_trees"] if n["split"] == "heldout"]
+    batched = latency.get("batched_passes", [])
+    fitted += [CostSample(p["T"], tuple(p["U"]), p["ms"], p["B"]) for p in batched if p["split"] == "batch-fit"]
+    held_out_batched = [CostSample(p["T"], tuple(p["U"]), p["ms"], p["B"]) for p in batched if p["split"] == "batch-heldout"]
     written.append(folder / "cost_model_residuals.png")
-    plots.plot_residuals(profile.cost_model, fitted, held_out, written[-1])
+    plots.plot_residuals(profile.cost_model, fitted, held_out, held_out_batched, written[-1])
     if "routing_load" in profile.arrays:
         load = profile.arrays["routing_load"]
         written.append(folder / "expert_load.png")
@@ -190,12 +197,18 @@ def summary_table(profile: Profile) -> str:
         rows.append(("decoding", f"{dec['steps']} steps  candidate nodes {dec['mean_candidate_nodes']:.1f}  "
                                  f"accept len {dec['mean_accept_len']:.2f}  verify {dec['mean_verify_ms']:.1f} ms"))
     experts = ", ".join(f"{v:.4f}" for v in cm.per_expert_ms)
-    rows.append(("cost model", f"{cm.base_ms:.3f} ms + {cm.per_token_ms:.4f} ms/token + [{experts}] ms/expert-layer"))
+    rows.append(("cost model", f"{cm.base_ms:.3f} ms + {cm.per_row_ms:.3f} ms/extra row + {cm.per_token_ms:.4f} ms/token "
+                               f"+ [{experts}] ms/expert-layer"))
     report = d["cost_model_report"]
     held = report["heldout_natural_error"]
     if held["n"]:
         rows.append(("cost error", f"held-out natural trees (n={held['n']}): median {held['median']:.1%}  p90 {held['p90']:.1%}  "
                                    f"R2 {report['r2_fit']:.3f} (tokens only {report['r2_tokens_only']:.3f})"))
+    batched = report.get("heldout_batched_error", {"n": 0})
+    if batched["n"]:
+        without = report["heldout_batched_error_without_row_term"]
+        rows.append(("batched error", f"held-out batched passes (n={batched['n']}): median {batched['median']:.1%}  "
+                                      f"p90 {batched['p90']:.1%}  (no row term: {without['median']:.1%}, {without['p90']:.1%})"))
     if "calibration" in d:
         c = d["calibration"]
         rows.append(("calibration", f"ECE path raw {c['raw_path_ece']:.3f} -> {c['calibrated_path_ece']:.3f}  "

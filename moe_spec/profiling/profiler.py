@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 import numpy as np
 import torch
@@ -55,14 +55,17 @@ class ProfileSettings:
     grid_experts: tuple[int, ...] = (2, 4, 8, 16, 32, 48, 64)  # infeasible (T, U) pairs are skipped
     natural_trees: int = 40  # timed natural trees, fit and held-out together
     curve_sizes: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 60)
-    batch_sizes: tuple[int, ...] = (4,)  # batched verify passes timed from natural trees (B rows each)
+    # batched verify passes timed from natural trees (B rows each); two or more sizes besides the
+    # one-row passes pin down the cost model's per-row term
+    batch_sizes: tuple[int, ...] = (2, 4, 8, 16)
     batched_passes: int = 8  # per batch size, half of them held out
     timing: TimingConfig = field(default_factory=TimingConfig)
     per_layer_cost: bool = False  # one expert cost per layer instead of one shared
     seed: int = 0
 
     def __post_init__(self):
-        if self.max_new_tokens < 2 or self.heldout_every < 2 or self.prefix_len < 1 or self.natural_trees < 0:
+        if (self.max_new_tokens < 2 or self.heldout_every < 2 or self.prefix_len < 1 or self.natural_trees < 0
+                or any(rows < 1 for rows in self.batch_sizes) or self.batched_passes < 0):
             raise ValueError(f"invalid profile settings {self}")
 
 
@@ -159,36 +162,48 @@ def build_profile(
         if target.is_moe and set(timing.unique_experts) != {unique}:
             raise RuntimeError(f"forcing {unique} experts per layer gave {timing.unique_experts}")
     del cache, runs
-    grid_rows = [(t, (u,) * num_layers, timing, "grid") for (t, u), timing in zip(configs, timings)]
+    # (T, U, timing, split, B) per timed pass
+    grid_rows = [(t, (u,) * num_layers, timing, "grid", 1) for (t, u), timing in zip(configs, timings)]
     natural_rows = [
-        (len(step.tree), timing.unique_experts, timing, split)
+        (len(step.tree), timing.unique_experts, timing, split, 1)
         for (step, split), timing in zip(chosen, timings[len(configs): len(configs) + len(chosen)])
     ]
     batch_rows = [
-        (sum(len(t) for t in trees), timing.unique_experts, timing, f"batch-{split}")
+        (sum(len(t) for t in trees), timing.unique_experts, timing, f"batch-{split}", len(trees))
         for (trees, split), timing in zip(batched, timings[len(configs) + len(chosen):])
     ]
+    batch_widths = [max(len(t) for t in trees) for trees, _ in batched]  # every row is padded to the widest tree
     statistic = settings.timing.statistic
 
     def cost_samples(rows, split: str, stat: str = statistic) -> list[CostSample]:
-        return [CostSample(t, u, timing.ms(stat)) for t, u, timing, s in rows if s == split]
+        return [CostSample(t, u, timing.ms(stat), b) for t, u, timing, s, b in rows if s == split]
 
-    cost_model = CostModel.fit(cost_samples(grid_rows, "grid") + cost_samples(natural_rows, "fit")
-                               + cost_samples(batch_rows, "batch-fit"), per_layer=settings.per_layer_cost)
+    fitted = cost_samples(grid_rows, "grid") + cost_samples(natural_rows, "fit") + cost_samples(batch_rows, "batch-fit")
+    cost_model = CostModel.fit(fitted, per_layer=settings.per_layer_cost)
     details["latency"] = {
         "statistic": statistic,
-        "grid": [_timing_row(t, u[0] if u else 0, timing, statistic) for t, u, timing, _ in grid_rows],
-        "natural_trees": [{**_timing_row(t, list(u), timing, statistic), "split": s} for t, u, timing, s in natural_rows],
-        "batched_passes": [{**_timing_row(t, list(u), timing, statistic), "split": s} for t, u, timing, s in batch_rows],
+        "grid": [_timing_row(t, u[0] if u else 0, timing, statistic) for t, u, timing, _, _ in grid_rows],
+        "natural_trees": [{**_timing_row(t, list(u), timing, statistic), "split": s} for t, u, timing, s, _ in natural_rows],
+        "batched_passes": [
+            {**_timing_row(t, list(u), timing, statistic), "B": b, "width": w, "split": s}
+            for (t, u, timing, s, b), w in zip(batch_rows, batch_widths)
+        ],
         "prefix_len": settings.prefix_len,
         "seconds": time.perf_counter() - latency_start,
     }
     details["cost_model_report"] = _cost_report(
         cost_model, cost_samples(grid_rows, "grid"), cost_samples(natural_rows, "fit"), cost_samples(natural_rows, "heldout"), settings
     )
-    details["cost_model_report"]["heldout_batched_error"] = _errors(cost_model, cost_samples(batch_rows, "batch-heldout"))
+    heldout_batched = cost_samples(batch_rows, "batch-heldout")
+    details["cost_model_report"]["heldout_batched_error"] = _errors(cost_model, heldout_batched)
+    # the same fit with every pass taken as one row (no row term), on the same held-out batched passes
+    as_one_row = CostModel.fit([replace(s, rows=1) for s in fitted], per_layer=settings.per_layer_cost)
+    details["cost_model_report"]["heldout_batched_error_without_row_term"] = _errors(as_one_row, heldout_batched)
     other = "min" if statistic == "median" else "median"
-    other_model = CostModel.fit(cost_samples(grid_rows, "grid", other) + cost_samples(natural_rows, "fit", other), per_layer=settings.per_layer_cost)
+    other_model = CostModel.fit(
+        cost_samples(grid_rows, "grid", other) + cost_samples(natural_rows, "fit", other) + cost_samples(batch_rows, "batch-fit", other),
+        per_layer=settings.per_layer_cost,
+    )
     details["cost_model_report"][f"heldout_natural_error_fitting_{other}"] = _errors(
         other_model, cost_samples(natural_rows, "heldout", other)
     )
