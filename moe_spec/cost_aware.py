@@ -15,10 +15,10 @@ import numpy as np
 import torch
 
 from moe_spec.acceptance import Acceptance
-from moe_spec.cost_model import CostModel
+from moe_spec.cost_model import CostModel, expected_unique_experts
 from moe_spec.drafters.base import TreeBudget
 from moe_spec.online_correction import AcceptanceCorrection, CostCorrection, ThroughputTracker
-from moe_spec.selection import StepPrices, best_first_forest, best_prefix_by_score, subset_verify_ms
+from moe_spec.selection import StepPrices, best_first_forest, best_prefix_by_score
 from moe_spec.tree import DraftTree
 
 
@@ -101,10 +101,14 @@ class _ProfiledController:
                     self.acceptance_correction.update(depth, float(values[node]), 1.0 if node in on_path else 0.0)
 
     def predicted_verify_ms(self, trees: Sequence[DraftTree], cost: CostModel | None = None) -> float:
-        """The uncorrected cost model's time for verifying these rows' trees in one pass."""
+        """The uncorrected cost model's time for verifying these rows' trees in one pass, padded to
+        the widest tree (padding costs tokens, not experts: `batch_layout.step_inputs`)."""
         cost = cost or self.profile.cost_model
-        probs = torch.cat([self._expert_probs(t) for t in trees], dim=1) if cost.num_layers else None  # [L, N, E]
-        return subset_verify_ms(cost, list(range(sum(len(t) for t in trees))), probs, rows=len(trees))
+        tokens = len(trees) * max(len(t) for t in trees)
+        if not cost.num_layers:
+            return cost.predict_ms(tokens, [], rows=len(trees))
+        probs = torch.cat([self._expert_probs(t) for t in trees], dim=1)  # [L, N, E]
+        return cost.predict_ms(tokens, expected_unique_experts(probs), rows=len(trees))
 
     def _expert_probs(self, tree: DraftTree) -> torch.Tensor | None:
         """[L, N, E] predicted routing, in the form the profile found to predict unique experts best

@@ -72,66 +72,87 @@ def best_first_forest(
     cost: CostModel,
     draft_ms: float,
     max_nodes: int | None = None,
-    patience: int = 12,
+    patience: int | None = None,
 ) -> list[list[int]]:
-    """Best-first growth over several rows' trees verified in one pass (a batch): every row's root is
-    mandatory, all rows share one verify time, and a node's expert price counts only experts that
-    no chosen node of *any* row loads yet. Growth stops `patience` nodes after the last improvement.
-    Returns each row's chosen node indices, root first.
+    """Best-first growth over the B rows' trees verified in one pass (B = 1: one sequence). Every
+    row's root is mandatory, all rows share one verify time, and a node's expert price counts only
+    experts that no chosen node of *any* row loads yet. Returns each row's chosen node indices, root first.
 
-    Runs in numpy, on the critical path of every decoding step. Each node's marginal time is kept
+    The pass is padded (`batch_layout.step_inputs`): it computes B * W tokens, W the widest row's
+    size, and padding loads no expert. So a node in a row narrower than W fills a slot the pass
+    computes anyway and costs only the experts it adds, while a node in a row at width W widens the
+    pass by B tokens. Growth adds the frontier node of best value per marginal millisecond under
+    that price (free-slot nodes only while they raise the throughput by themselves), and returns the
+    best set seen along the way; growth stops `patience` nodes after the last improvement (default
+    11 + B, so a new width can be filled across the rows). With one row every node widens the pass,
+    which is plain best-first growth by marginal value per marginal time.
+
+    Runs in numpy, on the critical path of every decoding step. Each node's expert price is kept
     and updated as nodes are chosen: a chosen node lowers the chance that an expert is still
     unloaded only for the (layer, expert) entries it may load (K per layer with top-K predictions),
     so only those columns are subtracted, instead of re-pricing every node against every expert.
     """
     offsets = np.cumsum([0] + [len(t) for t in trees])
-    n = int(offsets[-1])
+    n, batch = int(offsets[-1]), len(trees)
     parents = np.concatenate([np.where(t.parents.numpy() >= 0, t.parents.numpy() + o, -1) for t, o in zip(trees, offsets)])
     values = np.concatenate([p.values.double().numpy() for p in prices])  # [N]
     is_root = parents < 0
-    roots = np.flatnonzero(is_root)
+    row_of = np.repeat(np.arange(batch), np.diff(offsets))  # [N]
     priced = cost.num_layers > 0 and all(p.expert_probs is not None for p in prices)
-    added_ms = np.full(n, cost.per_token_ms)  # [N]: ms that choosing each node would add now
+    expert_ms = np.zeros(n)  # [N]: ms of the experts each node would newly load
     if priced:
         row_probs = [p.expert_probs.double().numpy() for p in prices]  # each [L, N_b, E]
         num_layers, _, num_experts = row_probs[0].shape
         by_expert = np.concatenate([r.transpose(0, 2, 1) for r in row_probs], axis=2).reshape(-1, n)  # [L*E, N]
         per_expert = np.repeat(np.asarray(cost.expert_weights(), dtype=np.float64), num_experts)  # [L*E] ms if new
         miss = np.prod([1.0 - r[:, 0] for r in row_probs], axis=0).reshape(-1)  # [L*E]: chance no chosen node loads it yet
-        added_ms += (miss * per_expert) @ by_expert
-        verify = cost.predict_ms(len(roots), (1.0 - miss).reshape(num_layers, num_experts).sum(-1), rows=len(roots))
-        row_of = np.repeat(np.arange(len(trees)), np.diff(offsets))  # [N]
+        expert_ms += (miss * per_expert) @ by_expert
+        verify = cost.predict_ms(batch, (1.0 - miss).reshape(num_layers, num_experts).sum(-1), rows=batch)
     else:
-        verify = cost.fixed_ms(len(roots)) + cost.per_token_ms * len(roots)
-    value = float(len(roots))  # every row's bonus token
-    limit = n - len(roots) if max_nodes is None else min(max_nodes, n - len(roots))
+        verify = cost.fixed_ms(batch) + cost.per_token_ms * batch
+    value = float(batch)  # every row's bonus token
+    limit = n - batch if max_nodes is None else min(max_nodes, n - batch)
+    patience = 11 + batch if patience is None else patience
+    sizes, width = np.ones(batch, dtype=np.int64), 1  # nodes per row (root included); the pass's width
     chosen: list[int] = []
     best_rate, best_size = throughput(value, draft_ms, verify), 0
+    stale = 0  # changes since the best set
     in_frontier = np.zeros(n, dtype=bool)
     in_frontier[~is_root] = is_root[parents[~is_root]]
     children = [[] for _ in range(n)]
     for node in np.flatnonzero(~is_root):
         children[parents[node]].append(node)
-    while len(chosen) < limit and len(chosen) - best_size < patience:
+    while len(chosen) < limit and stale < patience:
         frontier = np.flatnonzero(in_frontier)
-        if frontier.size == 0:
+        room = sizes[row_of[frontier]] < width  # the node fills a slot the pass computes anyway
+        # a free slot's node is only worth it if it raises the throughput by itself
+        eligible = ~room | (values[frontier] > throughput(value, draft_ms, verify) * expert_ms[frontier])
+        if not eligible.any():
             break
-        node = int(frontier[np.argmax(values[frontier] / np.maximum(added_ms[frontier], 1e-9))])
+        frontier, room = frontier[eligible], room[eligible]
+        slot_ms = np.where(room, 0.0, cost.per_token_ms * batch)  # widening the pass: B more tokens
+        pick = int(np.argmax(values[frontier] / np.maximum(expert_ms[frontier] + slot_ms, 1e-9)))
+        node = int(frontier[pick])
+        if not room[pick]:
+            width += 1
+            verify += cost.per_token_ms * batch
         chosen.append(node)
         value += values[node]
-        verify += added_ms[node]
+        verify += expert_ms[node]
+        sizes[row_of[node]] += 1
         if priced:
             row = int(row_of[node])
             loads = row_probs[row][:, node - offsets[row]].reshape(-1)  # [L*E]: P(node loads expert e of layer l)
             touched = np.flatnonzero(loads * miss)  # [M]: the entries whose miss changes (not yet surely loaded)
             kept = miss[touched] * (1.0 - loads[touched])
-            added_ms -= ((miss[touched] - kept) * per_expert[touched]) @ by_expert[touched]  # their price drops for every node
+            expert_ms -= ((miss[touched] - kept) * per_expert[touched]) @ by_expert[touched]  # their price drops
             miss[touched] = kept
         in_frontier[node] = False
         in_frontier[children[node]] = True
+        stale += 1
         rate = throughput(value, draft_ms, verify)
         if rate > best_rate:
-            best_rate, best_size = rate, len(chosen)
+            best_rate, best_size, stale = rate, len(chosen), 0
     kept_nodes = chosen[:best_size]
     return [
         [0] + [k - int(offsets[row]) for k in kept_nodes if offsets[row] <= k < offsets[row + 1]]

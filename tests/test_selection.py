@@ -99,41 +99,48 @@ def test_prefix_truncation_keeps_the_best_score_prefix():
     assert best_prefix_by_score(tree, values, lambda t: 1.0 + 10.0 * t, draft_ms=0.0) == [0]
 
 
-def reference_best_first_forest(trees, prices, cost, draft_ms, max_nodes=None, patience=12):
-    """Best-first growth over a forest written plainly: every iteration prices every frontier node
-    against the experts no chosen node loads yet, from scratch. The fast implementation must choose
+def reference_best_first_forest(trees, prices, cost, draft_ms, max_nodes=None, patience=None):
+    """Best-first growth over a padded batch written plainly: every iteration prices every frontier
+    node from scratch (the experts no chosen node loads yet; B tokens if its row is at the pass's
+    width) and recomputes the pass's time from the chosen set. The fast implementation must choose
     the same nodes."""
     offsets = np.cumsum([0] + [len(t) for t in trees])
     nodes = [(row, i) for row, t in enumerate(trees) for i in range(len(t))]
     parent = [-1 if int(trees[row].parents[i]) < 0 else int(offsets[row]) + int(trees[row].parents[i]) for row, i in nodes]
     values = [float(prices[row].values[i]) for row, i in nodes]
     roots = [k for k in range(len(nodes)) if parent[k] < 0]
+    batch = len(roots)
+    patience = 11 + batch if patience is None else patience
     priced = cost.num_layers > 0 and all(p.expert_probs is not None for p in prices)
     weights = cost.expert_weights()
-    if priced:
-        probs = torch.cat([p.expert_probs.double() for p in prices], dim=1).numpy()  # [L, N, E]
-        miss = np.prod(1.0 - probs[:, roots], axis=1)  # [L, E]
-    chosen = []
-    verify = subset_verify_ms(cost, roots, torch.from_numpy(probs) if priced else None, rows=len(roots))
-    value = float(len(roots))
-    best_rate, best_size = throughput(value, draft_ms, verify), 0
-    limit = len(nodes) - len(roots) if max_nodes is None else min(max_nodes, len(nodes) - len(roots))
-    while len(chosen) < limit and len(chosen) - best_size < patience:
-        taken = set(roots) | set(chosen)
+    probs = torch.cat([p.expert_probs.double() for p in prices], dim=1).numpy() if priced else None  # [L, N, E]
+
+    def verify_ms(taken):
+        width = max(sum(1 for k in taken if nodes[k][0] == row) for row in range(batch))
+        padded = subset_verify_ms(cost, sorted(taken), torch.from_numpy(probs) if priced else None, rows=batch)
+        return padded + cost.per_token_ms * (batch * width - len(taken))  # padding: tokens, no experts
+
+    chosen, stale = [], 0
+    best_rate, best_size = throughput(float(batch), draft_ms, verify_ms(roots)), 0
+    limit = len(nodes) - batch if max_nodes is None else min(max_nodes, len(nodes) - batch)
+    while len(chosen) < limit and stale < patience:
+        taken = roots + chosen
+        sizes = [sum(1 for k in taken if nodes[k][0] == row) for row in range(batch)]
         frontier = [k for k in range(len(nodes)) if k not in taken and parent[k] in taken]
+        miss = np.prod(1.0 - probs[:, taken], axis=1) if priced else None  # [L, E]
+        experts = {k: float((weights[:, None] * probs[:, k] * miss).sum()) if priced else 0.0 for k in frontier}
+        rate = throughput(float(batch) + sum(values[k] for k in chosen), draft_ms, verify_ms(taken))
+        room = {k: sizes[nodes[k][0]] < max(sizes) for k in frontier}
+        frontier = [k for k in frontier if not room[k] or values[k] > rate * experts[k]]
         if not frontier:
             break
-        added = {k: cost.per_token_ms + (float((weights[:, None] * probs[:, k] * miss).sum()) if priced else 0.0)
-                 for k in frontier}
+        added = {k: experts[k] + (0.0 if room[k] else cost.per_token_ms * batch) for k in frontier}
         node = max(frontier, key=lambda k: (values[k] / max(added[k], 1e-9), -k))  # ties to the lower index
         chosen.append(node)
-        value += values[node]
-        verify += added[node]
-        if priced:
-            miss = miss * (1.0 - probs[:, node])
-        rate = throughput(value, draft_ms, verify)
-        if rate > best_rate:
-            best_rate, best_size = rate, len(chosen)
+        stale += 1
+        rate = throughput(float(batch) + sum(values[k] for k in chosen), draft_ms, verify_ms(roots + chosen))
+        if rate > best_rate + 1e-12:
+            best_rate, best_size, stale = rate, len(chosen), 0
     kept = chosen[:best_size]
     return [[0] + [k - int(offsets[row]) for k in kept if nodes[k][0] == row] for row in range(len(trees))]
 
@@ -187,3 +194,49 @@ def test_a_dear_row_term_makes_a_batch_speculate_more():
         cost = CostModel(base_ms=1.0, per_token_ms=0.4, per_expert_ms=(0.3,), num_layers=2, per_row_ms=per_row_ms)
         sizes.append(sum(len(keep) for keep in best_first_forest(trees, prices, cost, draft_ms=0.5)))
     assert sizes[1] > sizes[0]
+
+
+def _padded_objective(trees, prices, cost, draft_ms, keeps) -> float:
+    """Throughput of verifying each row's `keeps[b]` in one pass padded to the widest row."""
+    batch, width = len(trees), max(len(k) for k in keeps)
+    probs = torch.cat([p.expert_probs[:, k] for p, k in zip(prices, keeps)], dim=1)  # [L, sum |S_b|, E]
+    unique = (1.0 - torch.prod(1.0 - probs, dim=1)).sum(-1)
+    value = batch + sum(float(p.values[k[1:]].sum()) for p, k in zip(prices, keeps))
+    return throughput(value, draft_ms, cost.predict_ms(batch * width, unique, rows=batch))
+
+
+def test_batched_growth_is_near_the_brute_force_optimum_of_the_padded_pass():
+    rng = random.Random(5)
+    worst = 1.0
+    for _ in range(40):
+        cases = [_random_case(rng, rng.randint(2, 6)) for _ in range(rng.randint(2, 3))]
+        trees, prices = [c[0] for c in cases], [c[1] for c in cases]
+        cost, draft_ms = cases[0][2], prices[0].draft_ms
+        optimum = max(_padded_objective(trees, prices, cost, draft_ms, keeps)
+                      for keeps in itertools.product(*[list(_connected_subsets(t)) for t in trees]))
+        chosen = best_first_forest(trees, prices, cost, draft_ms)
+        achieved = _padded_objective(trees, prices, cost, draft_ms, chosen)
+        assert achieved <= optimum + 1e-12
+        worst = min(worst, achieved / optimum)
+    assert worst >= 0.95, f"batched growth fell to {worst:.3f} of the optimum"
+
+
+def test_a_wide_batch_makes_one_rows_long_chain_dear():
+    # one row drafts a confident chain, the others nothing: each node widens the padded pass by B tokens
+    chain = DraftTree.from_lists(list(range(9)), [-1, 0, 1, 2, 3, 4, 5, 6, 7])
+    values = torch.tensor([1.0, 0.9, 0.8, 0.7, 0.6, 0.5, 0.4, 0.3, 0.2], dtype=torch.float64)
+    cost = CostModel(base_ms=10.0, per_token_ms=0.5, per_expert_ms=(0.0,), num_layers=0)
+    sizes = []
+    for batch in (1, 8):
+        trees = [chain] + [DraftTree.root_only(1)] * (batch - 1)
+        prices = [StepPrices(values, None, 0.0)] + [StepPrices(torch.ones(1, dtype=torch.float64), None, 0.0)] * (batch - 1)
+        sizes.append(len(best_first_forest(trees, prices, cost, draft_ms=2.0)[0]))
+    assert sizes[1] < sizes[0]
+
+
+def test_rows_alike_get_trees_alike():
+    # free slots next to a wide row cost no tokens, so equal rows grow to equal sizes
+    rng = random.Random(2)
+    tree, prices, cost = _random_case(rng, 8)
+    keeps = best_first_forest([tree] * 4, [prices] * 4, cost, prices.draft_ms)
+    assert len({len(k) for k in keeps}) == 1 and len(keeps[0]) > 1

@@ -162,14 +162,14 @@ def build_profile(
         if target.is_moe and set(timing.unique_experts) != {unique}:
             raise RuntimeError(f"forcing {unique} experts per layer gave {timing.unique_experts}")
     del cache, runs
-    # (T, U, timing, split, B) per timed pass
+    # (T, U, timing, split, B) per timed pass; a batched pass computes B x its widest tree's tokens
     grid_rows = [(t, (u,) * num_layers, timing, "grid", 1) for (t, u), timing in zip(configs, timings)]
     natural_rows = [
         (len(step.tree), timing.unique_experts, timing, split, 1)
         for (step, split), timing in zip(chosen, timings[len(configs): len(configs) + len(chosen)])
     ]
     batch_rows = [
-        (sum(len(t) for t in trees), timing.unique_experts, timing, f"batch-{split}", len(trees))
+        (len(trees) * max(len(t) for t in trees), timing.unique_experts, timing, f"batch-{split}", len(trees))
         for (trees, split), timing in zip(batched, timings[len(configs) + len(chosen):])
     ]
     batch_widths = [max(len(t) for t in trees) for trees, _ in batched]  # every row is padded to the widest tree
