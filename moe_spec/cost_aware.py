@@ -17,7 +17,7 @@ import torch
 from moe_spec.acceptance import Acceptance
 from moe_spec.cost_model import CostModel, expected_unique_experts
 from moe_spec.drafters.base import TreeBudget
-from moe_spec.online_correction import AcceptanceCorrection, CostCorrection, ThroughputTracker
+from moe_spec.online_correction import AcceptanceCorrection, CostCorrection, DraftCostTracker, ThroughputTracker
 from moe_spec.selection import StepPrices, best_first_forest, best_prefix_by_score
 from moe_spec.tree import DraftTree
 
@@ -68,27 +68,37 @@ class _ProfiledController:
 
     def values(self, tree: DraftTree) -> torch.Tensor:
         """[N] calibrated P(on accepted path), corrected per depth, kept non-increasing along paths."""
-        values = self.profile.calibrated_path_probability(tree).double().clone()
-        values[0] = 1.0
-        if self.adapt and len(tree) > 1:
-            depths, parents = tree.depths, tree.parents
-            deepest = int(depths.max())
-            factor = torch.tensor([1.0] + [self.acceptance_correction.factor(d) for d in range(1, deepest + 1)],
-                                  dtype=torch.float64)
+        return self.values_of([tree])[0]
+
+    def values_of(self, trees: Sequence[DraftTree]) -> list[torch.Tensor]:
+        """`values` of every row's tree, computed over all rows' nodes at once (each tree's [N])."""
+        sizes = [len(t) for t in trees]
+        offsets = np.cumsum([0] + sizes[:-1])
+        parents = np.concatenate([np.where(t.parents.numpy() >= 0, t.parents.numpy() + o, np.arange(len(t)) + o)
+                                  for t, o in zip(trees, offsets)])  # [N] a root is its own parent
+        depths = np.concatenate([t.depths.numpy() for t in trees])  # [N]
+        scores = np.concatenate([t.scores.double().numpy() for t in trees])  # [N]
+        calibration = self.profile.calibration
+        conditional = calibration.conditional_probability_of(np.exp(scores - scores[parents]), depths)  # [N]
+        roots = depths == 0
+        conditional[roots] = 1.0
+        levels = [depths == depth for depth in range(1, int(depths.max()) + 1)]
+        values = conditional.copy()
+        for level in levels:  # path products
+            values[level] = values[parents[level]] * conditional[level]
+        if self.adapt and levels:
+            factor = np.array([1.0] + [self.acceptance_correction.factor(d) for d in range(1, len(levels) + 1)])
             values = values * factor[depths]
-            for depth in range(1, deepest + 1):  # keep values non-increasing down every path
-                level = depths == depth
-                values[level] = torch.minimum(values[level], values[parents[level]])
-            values[0] = 1.0
-        return values
+            for level in levels:  # keep values non-increasing down every path
+                values[level] = np.minimum(values[level], values[parents[level]])
+        values[roots] = 1.0
+        return list(torch.from_numpy(values).split(sizes))
 
     def cost_model(self) -> CostModel:
         base = self.profile.cost_model
         if not self.adapt:
             return base
-        f = self.cost_correction.factor
-        return replace(base, base_ms=base.base_ms * f, per_row_ms=base.per_row_ms * f, per_token_ms=base.per_token_ms * f,
-                       per_expert_ms=tuple(c * f for c in base.per_expert_ms))
+        return replace(base, base_ms=max(base.base_ms + self.cost_correction.offset_ms, 0.0))
 
     def _learn_acceptance(self, verified: Sequence[DraftTree], acceptances: Sequence[Acceptance]) -> None:
         for tree, acceptance in zip(verified, acceptances):
@@ -107,17 +117,25 @@ class _ProfiledController:
         tokens = len(trees) * max(len(t) for t in trees)
         if not cost.num_layers:
             return cost.predict_ms(tokens, [], rows=len(trees))
-        probs = torch.cat([self._expert_probs(t) for t in trees], dim=1)  # [L, N, E]
+        probs = torch.cat(self._expert_probs_of(trees), dim=1)  # [L, N, E]
         return cost.predict_ms(tokens, expected_unique_experts(probs), rows=len(trees))
 
     def _expert_probs(self, tree: DraftTree) -> torch.Tensor | None:
         """[L, N, E] predicted routing, in the form the profile found to predict unique experts best
         (0/1 top-K sets or probabilities; probabilities over many nodes overestimate the union)."""
+        return self._expert_probs_of([tree])[0]
+
+    def _expert_probs_of(self, trees: Sequence[DraftTree]) -> list[torch.Tensor | None]:
+        """`_expert_probs` of every row's tree, looked up for all rows' tokens at once."""
         if not self.profile.cost_model.num_layers:
-            return None
+            return [None] * len(trees)
+        tokens = torch.cat([t.tokens for t in trees])  # [N] all rows' nodes
+        table = self.profile.expert_table
         if self.profile.details.get("expert_predictor", {}).get("pricing") == "topk":
-            return self.profile.expert_table.predict_onehot(tree)
-        return self.profile.predicted_experts(tree)
+            probs = table.predict_onehot_tokens(tokens)
+        else:
+            probs = table.predict_tokens(tokens)
+        return list(probs.split([len(t) for t in trees], dim=1))  # each [L, N_b, E]
 
 
 class MoeAwareController(_ProfiledController):
@@ -125,9 +143,11 @@ class MoeAwareController(_ProfiledController):
     the experts it newly activates (see `selection.py`); no speculation when that wins.
 
     The candidate tree is sized by the same economics: the drafter expands one level deeper and
-    about twice as many nodes as recent steps chose to verify, so no draft time goes to nodes that
-    could never pay. Drafting pauses (probing every `probe_every` steps) when several steps in a
-    row chose plain decoding, or when the *measured* throughput of speculative steps (tokens per
+    `candidate_growth` times as many nodes per row as recent steps chose to verify (at least
+    `candidate_min`; starting from 10 nodes, 4 deep), so little draft time goes to nodes that could
+    never pay. Selection prices drafting by depth (see `selection.py`), so a generous candidate
+    tree does not inflate the next one. Drafting pauses (probing every `probe_every` steps) when
+    several steps in a row chose plain decoding, or when the *measured* throughput of speculative steps (tokens per
     ms of draft + verify, a moving average) falls below that of plain steps: the measurement
     covers what the model cannot see, such as the drafter's and the controller's own time.
     """
@@ -135,9 +155,11 @@ class MoeAwareController(_ProfiledController):
     name = "moe-aware"
 
     def __init__(self, profile, price_experts: bool = True, adapt: bool = True, persist: bool = False,
-                 recent_steps: int = 4, probe_every: int = 4):
+                 recent_steps: int = 4, probe_every: int = 4, candidate_growth: float = 1.25, candidate_min: int = 4):
         super().__init__(profile, adapt=adapt, persist=persist)
         self.price_experts = price_experts
+        self.candidate_growth = candidate_growth
+        self.candidate_min = candidate_min
         self.recent_steps = recent_steps
         self.probe_every = probe_every
         self._fresh_history()
@@ -147,6 +169,7 @@ class MoeAwareController(_ProfiledController):
         self._recent: deque[tuple[int, int]] = deque(maxlen=self.recent_steps)  # (nodes, depth) chosen
         self._plain_steps = 0
         self._selected = False  # whether this step's tree went through `select`
+        self.draft_costs = DraftCostTracker()
 
     def reset(self) -> None:
         super().reset()
@@ -162,17 +185,25 @@ class MoeAwareController(_ProfiledController):
             if self._plain_steps % self.probe_every:
                 return TreeBudget(0, 0, default.branching)  # speculation has not paid lately: skip drafting
         if len(self._recent) < self.recent_steps:
-            return default
+            return self._sized(default, 8, 3)
         nodes = max(nodes for nodes, _ in self._recent)
         depth = max(depth for _, depth in self._recent)
-        return TreeBudget(min(default.max_nodes, max(8, 2 * nodes)), min(default.max_depth, depth + 1), default.branching)
+        return self._sized(default, nodes, depth)
+
+    def _sized(self, default: TreeBudget, nodes: int, depth: int) -> TreeBudget:
+        """A candidate tree around `nodes` chosen nodes per row `depth` deep: `candidate_growth` times
+        the nodes, one level deeper, and only as many expansions per level as that many nodes can use (each
+        expansion is a row of the head's forward and of its output projection)."""
+        nodes = min(default.max_nodes, max(self.candidate_min, round(self.candidate_growth * nodes)))
+        depth = min(default.max_depth, depth + 1)
+        return TreeBudget(nodes, depth, min(default.branching, max(2, -(-nodes // depth))))
 
     def select(self, candidates: Sequence[DraftTree], draft_ms: float) -> list[DraftTree]:
-        prices = [
-            StepPrices(self.values(tree), self._expert_probs(tree) if self.price_experts else None, draft_ms)
-            for tree in candidates
-        ]
-        keeps = best_first_forest(list(candidates), prices, self.cost_model(), draft_ms)
+        probs = self._expert_probs_of(candidates) if self.price_experts else [None] * len(candidates)
+        prices = [StepPrices(values, p) for values, p in zip(self.values_of(candidates), probs)]
+        self.draft_costs.update(max(int(t.depths.max()) for t in candidates), draft_ms)
+        fixed_ms, depth_ms = self.draft_costs.estimate()
+        keeps = best_first_forest(list(candidates), prices, self.cost_model(), depth_ms, draft_fixed_ms=fixed_ms)
         chosen = [tree.subtree(keep) for tree, keep in zip(candidates, keeps)]
         self._recent.append((max(t.num_drafted for t in chosen), max(int(t.depths.max()) for t in chosen)))
         self._selected = True
@@ -183,9 +214,10 @@ class MoeAwareController(_ProfiledController):
     def feedback(self, verified, acceptances, verify_ms: float, draft_ms: float, routing) -> None:
         speculated = any(t.num_drafted for t in verified)
         self.rates.update(speculated, sum(a.num_accepted + 1 for a in acceptances), draft_ms + verify_ms)
+        if self.adapt:  # plain passes measure the fixed cost too
+            self.cost_correction.update(self.predicted_verify_ms(verified), verify_ms)
         if self.adapt and speculated:
             self._learn_acceptance(verified, acceptances)
-            self.cost_correction.update(self.predicted_verify_ms(verified), verify_ms)
         if not self._selected:  # drafting was skipped (or nothing was drafted): a plain step
             self._recent.append((0, 0))
         self._selected = False
@@ -214,11 +246,11 @@ class TruncateController(_ProfiledController):
         many tokens as it does: (token_cost(B * T, B) / B) against draft_ms / B. For B = 1 this is
         EVICT's single-sequence cut; for B > 1 the shared call cost is split between the rows, as the
         feedback's prediction of the whole pass, token_cost(sum T, B), splits it."""
-        factor = self.cost_correction.factor if self.adapt else 1.0
+        offset = self.cost_correction.offset_ms if self.adapt else 0.0
         rows = len(candidates)
 
         def row_share_ms(tokens: int) -> float:
-            return factor * self.token_cost(rows * tokens, rows) / rows
+            return max(self.token_cost(rows * tokens, rows) + offset, 0.0) / rows
 
         return [
             tree.subtree(best_prefix_by_score(tree, self.values(tree), row_share_ms, draft_ms / rows))
@@ -229,4 +261,5 @@ class TruncateController(_ProfiledController):
         if not self.adapt or not any(t.num_drafted for t in verified):
             return
         self._learn_acceptance(verified, acceptances)
-        self.cost_correction.update(self.token_cost(sum(len(t) for t in verified), len(verified)), verify_ms)
+        pass_tokens = len(verified) * max(len(t) for t in verified)  # rows are padded to the widest
+        self.cost_correction.update(self.token_cost(pass_tokens, len(verified)), verify_ms)

@@ -1,8 +1,9 @@
 """Bounded corrections a controller learns during one `generate` call.
 
 The profile is the prior; what the step actually accepted and what the verify pass actually
-took refine it. Both corrections are multiplicative and clamped, so a few odd steps cannot
-drive the controller to extremes, and both reset per call unless the controller persists them.
+took refine it. The acceptance correction is multiplicative and clamped, the cost correction an
+additive offset on the pass's fixed cost, so a few odd steps cannot drive the controller to
+extremes; both reset per call unless the controller persists them.
 """
 
 from __future__ import annotations
@@ -32,21 +33,21 @@ class AcceptanceCorrection:
 
 @dataclass
 class CostCorrection:
-    """Exponential moving average of log(measured / predicted) verify time, clamped."""
+    """Exponential moving average of (measured - predicted) verify time, in ms.
+
+    What the profile's formula misses at run time is mostly work that does not depend on the tree:
+    attention over a longer cached prefix than the profile's, other rows' prefixes, the machine's
+    state. So the correction is added to the pass's fixed cost, and the profile's marginal prices
+    (per token, per expert), which decide how large a tree pays, stay as measured. Scaling every
+    term instead would make a batch whose prefixes are long look dear per drafted token.
+    """
 
     smoothing: float = 0.2
-    low: float = 0.5
-    high: float = 2.0
-    log_ratio: float = 0.0
+    offset_ms: float = 0.0
 
     def update(self, predicted_ms: float, measured_ms: float) -> None:
         if predicted_ms > 0 and measured_ms > 0:
-            step = math.log(measured_ms / predicted_ms)
-            self.log_ratio = (1 - self.smoothing) * self.log_ratio + self.smoothing * step
-
-    @property
-    def factor(self) -> float:
-        return min(max(math.exp(self.log_ratio), self.low), self.high)
+            self.offset_ms = (1 - self.smoothing) * self.offset_ms + self.smoothing * (measured_ms - predicted_ms)
 
 
 @dataclass
@@ -78,3 +79,36 @@ class ThroughputTracker:
         if self.speculative is None or self.plain is None or self.speculative_steps < self.min_speculative_steps:
             return False
         return self.speculative < self.margin * self.plain
+
+
+@dataclass
+class DraftCostTracker:
+    """The draft time of a step as `fixed_ms + per_depth_ms * depth`, from recent drafts.
+
+    A least-squares line through the last `window` (depth, ms) measurements once they cover two
+    depths; before that, the whole time spread over the depths (which errs on the dear side). The
+    slope is kept between `min_share` of that average and the average itself, so a noisy fit
+    cannot make depth look free.
+    """
+
+    window: int = 16
+    min_share: float = 0.3
+    samples: list[tuple[int, float]] = field(default_factory=list)
+
+    def update(self, depth: int, ms: float) -> None:
+        if depth > 0 and ms > 0:
+            self.samples = (self.samples + [(depth, ms)])[-self.window:]
+
+    def estimate(self) -> tuple[float, float]:
+        """(fixed_ms, per_depth_ms); (0, 0) before any measurement."""
+        if not self.samples:
+            return 0.0, 0.0
+        depths = [d for d, _ in self.samples]
+        times = [ms for _, ms in self.samples]
+        average = sum(ms / d for d, ms in self.samples) / len(self.samples)
+        if len(set(depths)) < 2:
+            return 0.0, average
+        mean_d, mean_t = sum(depths) / len(depths), sum(times) / len(times)
+        slope = sum((d - mean_d) * (t - mean_t) for d, t in self.samples) / sum((d - mean_d) ** 2 for d in depths)
+        slope = min(max(slope, self.min_share * average), average)
+        return max(mean_t - slope * mean_d, 0.0), slope

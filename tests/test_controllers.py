@@ -135,10 +135,12 @@ def test_batched_predictions_and_corrections_carry_the_row_term():
     plain, rowed = MoeAwareController(profile), MoeAwareController(with_rows)
     assert rowed.predicted_verify_ms(trees) - plain.predicted_verify_ms(trees) == pytest.approx(2 * 5.0)
     assert rowed.predicted_verify_ms(trees[:1]) == pytest.approx(plain.predicted_verify_ms(trees[:1]))
-    rowed.cost_correction.update(1.0, 1.5)  # measured 1.5x the prediction
-    factor = rowed.cost_correction.factor
-    assert rowed.cost_model().per_row_ms == pytest.approx(5.0 * factor)
-    assert rowed.cost_model().base_ms == pytest.approx(with_rows.cost_model.base_ms * factor)
+    rowed.cost_correction.update(1.0, 1.5)  # measured 0.5 ms over the prediction
+    offset = rowed.cost_correction.offset_ms
+    assert offset > 0
+    assert rowed.cost_model().per_row_ms == pytest.approx(5.0), "marginal prices stay as profiled"
+    assert rowed.cost_model().per_token_ms == pytest.approx(with_rows.cost_model.per_token_ms)
+    assert rowed.cost_model().base_ms == pytest.approx(with_rows.cost_model.base_ms + offset)
 
 
 def test_truncate_prices_a_batch_with_the_row_term_and_learns_from_the_whole_pass():
@@ -159,6 +161,47 @@ def test_truncate_prices_a_batch_with_the_row_term_and_learns_from_the_whole_pas
     dear_rows = replace(profile, cost_model=replace(profile.cost_model, per_row_ms=200.0))
     dear_cost = token_count_cost(dear_rows)
     controller = TruncateController(dear_rows, dear_cost)
-    measured = dear_cost(sum(len(t) for t in trees), len(trees))
+    measured = dear_cost(len(trees) * max(len(t) for t in trees), len(trees))  # a padded pass
     controller.feedback(trees, [Acceptance([0, 1], 5) for _ in trees], measured, 1.0, None)
-    assert controller.cost_correction.factor == pytest.approx(1.0)
+    assert controller.cost_correction.offset_ms == pytest.approx(0.0)
+
+
+def test_values_of_a_batch_equal_each_trees_values(profiled):
+    """The batched computation against the definition: the calibrated path probability times the
+    depth's correction, made non-increasing down each path."""
+    _, _, profile = profiled
+    controller = MoeAwareController(profile)
+    for depth, (predicted, observed) in {1: (0.5, 1.0), 2: (0.5, 0.0), 3: (0.2, 0.0)}.items():
+        for _ in range(30):
+            controller.acceptance_correction.update(depth, predicted, observed)
+    generator = torch.Generator().manual_seed(1)
+    trees = []
+    for n in (1, 7, 19, 4):
+        parents = [-1] + [int(torch.randint(0, i, (1,), generator=generator)) for i in range(1, n)]
+        scores = torch.zeros(n)
+        for i in range(1, n):
+            scores[i] = scores[parents[i]] - float(torch.rand((), generator=generator)) * 2
+        trees.append(DraftTree(torch.randint(0, 90, (n,), generator=generator), torch.tensor(parents), scores))
+    for tree, batched in zip(trees, controller.values_of(trees)):
+        expected = profile.calibrated_path_probability(tree).double().clone()
+        factor = torch.tensor([1.0] + [controller.acceptance_correction.factor(d) for d in range(1, 8)], dtype=torch.float64)
+        expected = expected * factor[tree.depths]
+        for depth in range(1, int(tree.depths.max()) + 1):
+            level = tree.depths == depth
+            expected[level] = torch.minimum(expected[level], expected[tree.parents[level]])
+        expected[0] = 1.0
+        assert torch.allclose(batched, expected)
+    assert any(controller.acceptance_correction.factor(d) != 1.0 for d in (1, 2, 3))
+
+
+def test_draft_cost_tracker_separates_the_fixed_part_from_the_depths():
+    from moe_spec.online_correction import DraftCostTracker
+
+    tracker = DraftCostTracker()
+    assert tracker.estimate() == (0.0, 0.0)
+    tracker.update(3, 6.0)
+    assert tracker.estimate() == (0.0, 2.0)  # one depth seen: spread over the depths
+    for depth in (2, 4, 5, 3, 2):
+        tracker.update(depth, 3.0 + 1.5 * depth)
+    fixed, per_depth = tracker.estimate()
+    assert 1.5 <= per_depth < 2.0 and fixed > 0.0

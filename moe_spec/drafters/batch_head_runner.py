@@ -4,8 +4,9 @@ The same math as `HeadRunner` (and so as `EagleHead.forward`), with a batch dime
 values live in `[B, H, capacity, head_dim]` buffers, row b's first `lengths[b]` columns being its
 committed pairs. Rows differ in length, so every forward carries an additive mask per row:
 
-- `extend` writes each row's new pairs at that row's own columns `lengths[b]...` (a row with
-  fewer pairs leaves scratch after its end, which nothing reads) and returns each row's last h;
+- `append` writes each row's committed pairs at that row's own columns `lengths[b]...` (a row
+  with fewer pairs leaves scratch after its end, which nothing reads); `extend` does the same for
+  one pair per row (the root pairs) and returns their h;
 - `draft` writes all rows' tree nodes at one shared column range starting at `tree_start` (past
   every row's prefix); row b sees its prefix columns `< visible[b]` and the tree columns its
   tree mask opens, so the gap between its prefix and `tree_start` stays hidden.
@@ -80,13 +81,14 @@ class BatchHeadRunner(HeadRunner):
         self._k[rows, :, index] = k.view(self.num_heads, b, a, self.head_dim).permute(1, 2, 0, 3)
         self._v[rows, :, index] = v.view(self.num_heads, b, a, self.head_dim).permute(1, 2, 0, 3)
 
-    def extend(self, g: list[torch.Tensor], token_ids: list[torch.Tensor]) -> torch.Tensor:
-        """Append each row's pairs (g[b] [A_b, D], target ids [A_b], A_b >= 1) causally after its
-        committed columns. Returns h [B, D] of each row's last pair; `lengths` advance by A_b."""
+    def append(self, g: list[torch.Tensor], token_ids: list[torch.Tensor]) -> None:
+        """Commit each row's pairs (g[b] [A_b, D], target ids [A_b], A_b >= 0) after its committed
+        columns. Only their keys and values are computed: a committed pair's h is never read (the
+        pair after it reads the target's features), so attention and MLP are skipped."""
         counts = torch.tensor([t.numel() for t in token_ids])  # [B]
-        if bool((counts < 1).any()):
-            raise ValueError("every row needs at least one pair to extend")
         b, a = len(token_ids), int(counts.max())
+        if a == 0:
+            return
         pairs_g = nn.utils.rnn.pad_sequence(g, batch_first=True)  # [B, A, D]
         pairs_ids = nn.utils.rnn.pad_sequence(token_ids, batch_first=True)  # [B, A]
         columns = self.lengths[:, None] + torch.arange(a)  # [B, A]; padding lands past each row's end
@@ -94,17 +96,27 @@ class BatchHeadRunner(HeadRunner):
         cos, sin = self._rotary(int(columns.max()) + 1)
         flat = columns.flatten().to(self.device)
         x = self._input(pairs_g.reshape(b * a, -1), pairs_ids.reshape(-1))  # [B*A, D]
-        q, k, v = self._qkv(x, cos[flat], sin[flat])  # [H, B*A, hd]
+        _, k, v = self._qkv(x, cos[flat], sin[flat])  # [H, B*A, hd]
         self._write(k, v, columns)
         self.lengths = self.lengths + counts
-        last = (counts - 1).to(self.device)
-        rows = torch.arange(b, device=self.device)
-        q_last = q.view(self.num_heads, b, a, self.head_dim)[:, rows, last].transpose(0, 1)[:, :, None]  # [B, H, 1, hd]
-        x_last = x.view(b, a, -1)[rows, last][:, None]  # [B, 1, D]
-        end = int(self.lengths.max())
-        mask = self._closed_beyond(self.lengths, end)[:, None, None]  # [B, 1, 1, end]
         self.rows_extended += int(counts.sum())
-        return self._finish_rows(x_last, q_last, end, mask)[:, 0]
+
+    def extend(self, g: torch.Tensor, token_ids: torch.Tensor) -> torch.Tensor:
+        """One pair per row (g [B, D], target ids [B]) after its committed columns; returns h [B, D].
+        `lengths` advance by one."""
+        b = token_ids.shape[0]
+        columns = self.lengths[:, None]  # [B, 1]
+        end = int(self.lengths.max()) + 1
+        self.reserve(end)
+        cos, sin = self._rotary(end)
+        at = columns.flatten().to(self.device)
+        x = self._input(g, token_ids)  # [B, D]
+        q, k, v = self._qkv(x, cos[at], sin[at])  # [H, B, hd]
+        self._write(k, v, columns)
+        self.lengths = self.lengths + 1
+        self.rows_extended += b
+        mask = self._closed_beyond(self.lengths, end)[:, None, None]  # [B, 1, 1, end]
+        return self._finish_rows(x[:, None], q.transpose(0, 1)[:, :, None], end, mask)[:, 0]
 
     def draft(self, g: torch.Tensor, token_ids: torch.Tensor, positions: torch.Tensor, tree_start: int,
               visible: torch.Tensor, tree_mask: torch.Tensor) -> torch.Tensor:

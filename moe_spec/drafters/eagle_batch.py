@@ -35,9 +35,7 @@ class EagleBatchDrafter:
         self._device = self.embed.weight.device
         self.head.to(self._device)
         self._runner = BatchHeadRunner(self.head, self.embed, batch)
-        self._queued_g: list[list[torch.Tensor]] = [[] for _ in range(batch)]  # per row: [A, D] fused features
-        self._queued_tokens: list[list[torch.Tensor]] = [[] for _ in range(batch)]  # per row: [A] long
-        self._last_g: list[torch.Tensor | None] = [None] * batch  # per row: [1, D] of its last committed position
+        self._last_g: torch.Tensor | None = None  # [B, D] fused features of each row's last committed position
 
     @property
     def rows_drafted(self) -> int:
@@ -45,35 +43,35 @@ class EagleBatchDrafter:
 
     # -- the BatchDrafter protocol -----------------------------------------------------------
 
+    # Committed pairs go into the head's cache right away (`append`: keys and values only), so a
+    # proposal runs just the root pairs and the tree depths.
+
     @torch.inference_mode()
     def begin(self, prompts: Sequence[torch.Tensor], features: Sequence[torch.Tensor]) -> None:
         """prompts[b]: [T_b] long; features[b]: [T_b, S, D]."""
-        batch = len(prompts)
-        self._runner.reset(batch)
-        self._queued_g, self._queued_tokens = [[] for _ in range(batch)], [[] for _ in range(batch)]
+        self._runner.reset(len(prompts))
+        self._runner.refresh()
         fused = self._fuse(features)
-        for b, (prompt, g) in enumerate(zip(prompts, fused)):
-            if prompt.numel() > 1:
-                self._queue(b, g[:-1], prompt[1:])
-            self._last_g[b] = g[-1:]
-        self._last_g = self._last_g[:batch]
+        self._runner.append([g[:-1] for g in fused], [p[1:].to(self._device) for p in prompts])
+        self._last_g = torch.cat([g[-1:] for g in fused])
 
     @torch.inference_mode()
     def commit(self, tokens: Sequence[torch.Tensor], features: Sequence[torch.Tensor]) -> None:
         """Row b's pairs (its previous features, tokens[b][0]), (features[b][0], tokens[b][1]), ..."""
-        for b, (row_tokens, g) in enumerate(zip(tokens, self._fuse(features))):
-            self._queue(b, torch.cat([self._last_g[b], g[:-1]]), row_tokens)
-            self._last_g[b] = g[-1:]
+        self._runner.refresh()
+        fused = self._fuse(features)
+        self._runner.append([torch.cat([self._last_g[b: b + 1], g[:-1]]) for b, g in enumerate(fused)],
+                            [t.to(self._device, torch.long) for t in tokens])
+        self._last_g = torch.cat([g[-1:] for g in fused])
 
     def keep_rows(self, rows: Sequence[int]) -> None:
-        self._runner.keep_rows(torch.as_tensor(list(rows), dtype=torch.long))
-        self._queued_g = [self._queued_g[i] for i in rows]
-        self._queued_tokens = [self._queued_tokens[i] for i in rows]
-        self._last_g = [self._last_g[i] for i in rows]
+        index = torch.as_tensor(list(rows), dtype=torch.long)
+        self._runner.keep_rows(index)
+        self._last_g = self._last_g[index.to(self._device)]
 
     def propose(self, roots: Sequence[int], budget: TreeBudget, max_depths: Sequence[int],
                 sampling: SamplingConfig) -> list[DraftTree]:
-        if any(g is None for g in self._last_g):
+        if self._last_g is None:
             raise RuntimeError("EagleBatchDrafter.propose called before begin")
         caps = torch.tensor([min(d, budget.max_depth, budget.max_nodes) for d in max_depths])  # [B]
         if int(caps.max()) <= 0:
@@ -82,14 +80,8 @@ class EagleBatchDrafter:
         with torch.inference_mode():
             runner = self._runner
             runner.refresh()
-            # depth 0: each row's queued committed pairs + its root pair, in one forward
-            g = [torch.cat(q + [last]) for q, last in zip(self._queued_g, self._last_g)]  # [A_b, D]
-            roots_t = torch.tensor(list(roots), device=self._device)
-            tokens = [torch.cat(q + [roots_t[b: b + 1]]) for b, q in enumerate(self._queued_tokens)]
-            self._queued_g = [[] for _ in roots]
-            self._queued_tokens = [[] for _ in roots]
-            h_root = runner.extend(g, tokens)  # [B, D]
-            committed = runner.lengths - 1  # [B] the root pairs' columns (re-queued by commit)
+            h_root = runner.extend(self._last_g, torch.tensor(list(roots), device=self._device))  # [B, D]: root pairs
+            committed = runner.lengths - 1  # [B] the root pairs' columns (re-appended by commit)
             try:
                 ids, parents, scores = self._grow(h_root, committed, caps, width, budget.max_nodes, sampling)
             finally:
@@ -103,10 +95,6 @@ class EagleBatchDrafter:
         """Per row [A_b, S, D] -> [A_b, D], in one matmul for the batch."""
         sizes = [f.shape[0] for f in features]
         return list(self.head.fuse(torch.cat([f.to(self._device) for f in features])).split(sizes))
-
-    def _queue(self, row: int, g: torch.Tensor, tokens: torch.Tensor) -> None:
-        self._queued_g[row].append(g)
-        self._queued_tokens[row].append(tokens.to(self._device, torch.long))
 
     def _log_probs(self, h: torch.Tensor, sampling: SamplingConfig) -> torch.Tensor:
         """[M, D] -> [M, V_draft] draft log-probabilities (of the sampled distribution when sampling)."""

@@ -82,7 +82,11 @@ class TokenExpertTable:
     def predict_onehot(self, tree: DraftTree) -> torch.Tensor:
         """[L, N, E] 0/1: each node's K most likely experts per layer (a sharper input for pricing
         than `predict`, whose small probabilities add up over many nodes)."""
-        return self._onehot[tree.tokens.cpu().long()].permute(1, 0, 2).contiguous()
+        return self.predict_onehot_tokens(tree.tokens)
+
+    def predict_onehot_tokens(self, tokens: torch.Tensor) -> torch.Tensor:
+        """tokens: [N] long -> [L, N, E] 0/1, as `predict_onehot`."""
+        return self._onehot[tokens.cpu().long()].permute(1, 0, 2).contiguous()
 
     def predict_sets(self, tokens: torch.Tensor) -> torch.Tensor:
         """[L, N, K] long: each node's K most likely experts per layer."""
