@@ -147,9 +147,10 @@ class MoeAwareController(_ProfiledController):
     `candidate_min`; starting from 10 nodes, 4 deep), so little draft time goes to nodes that could
     never pay. Selection prices drafting by depth (see `selection.py`), so a generous candidate
     tree does not inflate the next one. Drafting pauses (probing every `probe_every` steps) when
-    several steps in a row chose plain decoding, or when the *measured* throughput of speculative steps (tokens per
-    ms of draft + verify, a moving average) falls below that of plain steps: the measurement
-    covers what the model cannot see, such as the drafter's and the controller's own time.
+    several steps in a row chose plain decoding, or when the *measured* throughput of speculative
+    steps (tokens per ms of draft + verify, a moving average) falls below that of plain steps: the
+    measurement covers what the model cannot see, such as the drafter's and the controller's own
+    time.
     """
 
     name = "moe-aware"

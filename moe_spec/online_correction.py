@@ -8,7 +8,6 @@ extremes; both reset per call unless the controller persists them.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 
 
