@@ -34,7 +34,8 @@ How `generate`'s settings are mapped:
   transformers 5.23 does not hand `streamer` to a callable, so it is read from `generate`'s call,
   see `_generate_callers_streamer`);
 - a batch is given left-padded with its `attention_mask`, as for `generate`; rows decode together
-  in one verify pass per step (the drafter must `spawn()` one drafter per row), and rows that finish
+  in one verify pass per step (the drafter drafts them together when it has `for_batch`, as the EAGLE
+  drafter does, else one `spawn()`ed copy per row), and rows that finish
   early are padded with the generation config's `pad_token_id` (else its first EOS id);
 - `return_dict_in_generate=True` -> `GenerateDecoderOnlyOutput(sequences=...)`; else the
   `[B, T_prompt + T_new]` sequences tensor.
