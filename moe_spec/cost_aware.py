@@ -17,7 +17,13 @@ import torch
 from moe_spec.acceptance import Acceptance
 from moe_spec.cost_model import CostModel, expected_unique_experts
 from moe_spec.drafters.base import TreeBudget
-from moe_spec.online_correction import AcceptanceCorrection, CostCorrection, DraftCostTracker, ThroughputTracker
+from moe_spec.online_correction import (
+    AcceptanceCorrection,
+    CostCorrection,
+    DraftCostTracker,
+    MovingAverage,
+    ThroughputTracker,
+)
 from moe_spec.selection import StepPrices, best_first_forest, best_prefix_by_score
 from moe_spec.tree import DraftTree
 
@@ -72,27 +78,31 @@ class _ProfiledController:
 
     def values_of(self, trees: Sequence[DraftTree]) -> list[torch.Tensor]:
         """`values` of every row's tree, computed over all rows' nodes at once (each tree's [N])."""
-        sizes = [len(t) for t in trees]
-        offsets = np.cumsum([0] + sizes[:-1])
-        parents = np.concatenate([np.where(t.parents.numpy() >= 0, t.parents.numpy() + o, np.arange(len(t)) + o)
-                                  for t, o in zip(trees, offsets)])  # [N] a root is its own parent
-        depths = np.concatenate([t.depths.numpy() for t in trees])  # [N]
-        scores = np.concatenate([t.scores.double().numpy() for t in trees])  # [N]
-        calibration = self.profile.calibration
-        conditional = calibration.conditional_probability_of(np.exp(scores - scores[parents]), depths)  # [N]
-        roots = depths == 0
-        conditional[roots] = 1.0
+        values, depths, parents = self._calibrated(trees)
         levels = [depths == depth for depth in range(1, int(depths.max()) + 1)]
-        values = conditional.copy()
-        for level in levels:  # path products
-            values[level] = values[parents[level]] * conditional[level]
         if self.adapt and levels:
             factor = np.array([1.0] + [self.acceptance_correction.factor(d) for d in range(1, len(levels) + 1)])
             values = values * factor[depths]
             for level in levels:  # keep values non-increasing down every path
                 values[level] = np.minimum(values[level], values[parents[level]])
-        values[roots] = 1.0
-        return list(torch.from_numpy(values).split(sizes))
+        values[depths == 0] = 1.0
+        return list(torch.from_numpy(values).split([len(t) for t in trees]))
+
+    def _calibrated(self, trees: Sequence[DraftTree]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Over all rows' nodes side by side: the profile's calibrated P(on accepted path) [N] (as
+        `Profile.calibrated_path_probability`), depths [N] and parents [N] (a root is its own parent)."""
+        offsets = np.cumsum([0] + [len(t) for t in trees][:-1])
+        parents = np.concatenate([np.where(t.parents.numpy() >= 0, t.parents.numpy() + o, np.arange(len(t)) + o)
+                                  for t, o in zip(trees, offsets)])
+        depths = np.concatenate([t.depths.numpy() for t in trees])
+        scores = np.concatenate([t.scores.double().numpy() for t in trees])
+        conditional = self.profile.calibration.conditional_probability_of(np.exp(scores - scores[parents]), depths)
+        conditional[depths == 0] = 1.0
+        values = conditional.copy()
+        for depth in range(1, int(depths.max()) + 1):  # path products, one level at a time
+            level = depths == depth
+            values[level] = values[parents[level]] * conditional[level]
+        return values, depths, parents
 
     def cost_model(self) -> CostModel:
         base = self.profile.cost_model
@@ -101,14 +111,17 @@ class _ProfiledController:
         return replace(base, base_ms=max(base.base_ms + self.cost_correction.offset_ms, 0.0))
 
     def _learn_acceptance(self, verified: Sequence[DraftTree], acceptances: Sequence[Acceptance]) -> None:
-        for tree, acceptance in zip(verified, acceptances):
-            if not tree.num_drafted:
-                continue
-            values = self.profile.calibrated_path_probability(tree)
-            on_path = set(acceptance.path)
-            for node, depth in enumerate(tree.depths.tolist()):
-                if node:
-                    self.acceptance_correction.update(depth, float(values[node]), 1.0 if node in on_path else 0.0)
+        trees = [t for t in verified if t.num_drafted]
+        if not trees:
+            return
+        values, depths, _ = self._calibrated(trees)
+        offsets = np.cumsum([0] + [len(t) for t in trees][:-1])
+        on_path = np.zeros(len(depths))
+        on_path[np.concatenate([o + np.asarray(a.path) for o, a in zip(offsets, (a for t, a in zip(verified, acceptances)
+                                                                                 if t.num_drafted))])] = 1.0
+        for depth in range(1, int(depths.max()) + 1):
+            level = depths == depth
+            self.acceptance_correction.update(depth, float(values[level].sum()), float(on_path[level].sum()))
 
     def predicted_verify_ms(self, trees: Sequence[DraftTree], cost: CostModel | None = None) -> float:
         """The uncorrected cost model's time for verifying these rows' trees in one pass, padded to
@@ -171,6 +184,7 @@ class MoeAwareController(_ProfiledController):
         self._plain_steps = 0
         self._selected = False  # whether this step's tree went through `select`
         self.draft_costs = DraftCostTracker()
+        self.step_overhead = MovingAverage()  # ms the engine spends per step besides drafting and verifying
 
     def reset(self) -> None:
         super().reset()
@@ -204,7 +218,9 @@ class MoeAwareController(_ProfiledController):
         prices = [StepPrices(values, p) for values, p in zip(self.values_of(candidates), probs)]
         self.draft_costs.update(max(int(t.depths.max()) for t in candidates), draft_ms)
         fixed_ms, depth_ms = self.draft_costs.estimate()
-        keeps = best_first_forest(list(candidates), prices, self.cost_model(), depth_ms, draft_fixed_ms=fixed_ms)
+        cost = self.cost_model()
+        per_step = replace(cost, base_ms=cost.base_ms + self.step_overhead.value)  # a step costs its overhead too
+        keeps = best_first_forest(list(candidates), prices, per_step, depth_ms, draft_fixed_ms=fixed_ms)
         chosen = [tree.subtree(keep) for tree, keep in zip(candidates, keeps)]
         self._recent.append((max(t.num_drafted for t in chosen), max(int(t.depths.max()) for t in chosen)))
         self._selected = True
@@ -212,8 +228,9 @@ class MoeAwareController(_ProfiledController):
             self._plain_steps = 0
         return chosen
 
-    def feedback(self, verified, acceptances, verify_ms: float, draft_ms: float, routing) -> None:
+    def feedback(self, verified, acceptances, verify_ms: float, draft_ms: float, routing, overhead_ms: float = 0.0) -> None:
         speculated = any(t.num_drafted for t in verified)
+        self.step_overhead.update(overhead_ms)
         self.rates.update(speculated, sum(a.num_accepted + 1 for a in acceptances), draft_ms + verify_ms)
         if self.adapt:  # plain passes measure the fixed cost too
             self.cost_correction.update(self.predicted_verify_ms(verified), verify_ms)
@@ -258,7 +275,7 @@ class TruncateController(_ProfiledController):
             for tree in candidates
         ]
 
-    def feedback(self, verified, acceptances, verify_ms: float, draft_ms: float, routing) -> None:
+    def feedback(self, verified, acceptances, verify_ms: float, draft_ms: float, routing, overhead_ms: float = 0.0) -> None:
         if not self.adapt or not any(t.num_drafted for t in verified):
             return
         self._learn_acceptance(verified, acceptances)

@@ -18,6 +18,7 @@ class StepStats:
     unique_experts_per_layer: tuple[int, ...]  # distinct experts per MoE layer in the verify pass
     rows: int = 1  # sequences verified together in this pass (tree_size and accepted_length sum over them)
     verified_tokens: int = 0  # tokens in the verify pass, padding included
+    overhead_ms: float = 0.0  # engine time after the verify pass: acceptance, cache compaction, drafter commit, feedback
 
 
 @dataclass

@@ -9,6 +9,7 @@ from moe_spec import LookupDrafter, SpecDecoder, TreeBudget
 from moe_spec.acceptance import Acceptance
 from moe_spec.controller import StaticController
 from moe_spec.cost_aware import MoeAwareController, TruncateController, token_count_cost
+from moe_spec.online_correction import AcceptanceCorrection
 from moe_spec.profiling.latency import TimingConfig
 from moe_spec.profiling.profiler import ProfileSettings, build_profile
 from moe_spec.target import TargetModel
@@ -205,3 +206,19 @@ def test_draft_cost_tracker_separates_the_fixed_part_from_the_depths():
         tracker.update(depth, 3.0 + 1.5 * depth)
     fixed, per_depth = tracker.estimate()
     assert 1.5 <= per_depth < 2.0 and fixed > 0.0
+
+
+def test_learning_from_a_batch_counts_every_verified_node_at_its_depth(profiled):
+    _, _, profile = profiled
+    trees = [t for t in _forest(3, 9, seed=4)] + [DraftTree.root_only(5)]
+    acceptances = [Acceptance([0, 1], 7), Acceptance([0], 7), Acceptance([0, 1, 3], 7), Acceptance([0], 7)]
+    controller = MoeAwareController(profile)
+    controller.feedback(trees, acceptances, 10.0, 1.0, None)
+    expected = AcceptanceCorrection()
+    for tree, acceptance in zip(trees, acceptances):  # the definition, node by node
+        values = profile.calibrated_path_probability(tree)
+        for node, depth in enumerate(tree.depths.tolist()):
+            if node:
+                expected.update(depth, float(values[node]), float(node in acceptance.path))
+    assert controller.acceptance_correction.observed == pytest.approx(expected.observed)
+    assert controller.acceptance_correction.predicted == pytest.approx(expected.predicted)
