@@ -34,11 +34,8 @@ class Controller(Protocol):
         verify_ms: float,
         draft_ms: float,
         routing: Sequence[Routing],
-        overhead_ms: float = 0.0,
     ) -> None:
-        """What the target accepted per row, and what the shared step cost. overhead_ms: the time
-        the engine spent after the previous step's verify pass (acceptance, cache compaction, the
-        drafter's commit, this call): a per-step cost beside drafting and verifying."""
+        """What the target accepted per row, and what the shared step cost."""
 
 
 class StaticController:
@@ -66,5 +63,5 @@ class StaticController:
         order = sorted(range(1, len(candidates)), key=lambda i: (-float(candidates.scores[i]), i))
         return candidates.subtree([0] + order[: self.budget.max_nodes])
 
-    def feedback(self, verified, acceptances, verify_ms, draft_ms, routing, overhead_ms: float = 0.0) -> None:
+    def feedback(self, verified, acceptances, verify_ms, draft_ms, routing) -> None:
         pass

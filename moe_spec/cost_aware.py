@@ -17,13 +17,7 @@ import torch
 from moe_spec.acceptance import Acceptance
 from moe_spec.cost_model import CostModel, expected_unique_experts
 from moe_spec.drafters.base import TreeBudget
-from moe_spec.online_correction import (
-    AcceptanceCorrection,
-    CostCorrection,
-    DraftCostTracker,
-    MovingAverage,
-    ThroughputTracker,
-)
+from moe_spec.online_correction import AcceptanceCorrection, CostCorrection, DraftCostTracker, ThroughputTracker
 from moe_spec.selection import StepPrices, best_first_forest, best_prefix_by_score
 from moe_spec.tree import DraftTree
 
@@ -184,7 +178,6 @@ class MoeAwareController(_ProfiledController):
         self._plain_steps = 0
         self._selected = False  # whether this step's tree went through `select`
         self.draft_costs = DraftCostTracker()
-        self.step_overhead = MovingAverage()  # ms the engine spends per step besides drafting and verifying
 
     def reset(self) -> None:
         super().reset()
@@ -218,9 +211,7 @@ class MoeAwareController(_ProfiledController):
         prices = [StepPrices(values, p) for values, p in zip(self.values_of(candidates), probs)]
         self.draft_costs.update(max(int(t.depths.max()) for t in candidates), draft_ms)
         fixed_ms, depth_ms = self.draft_costs.estimate()
-        cost = self.cost_model()
-        per_step = replace(cost, base_ms=cost.base_ms + self.step_overhead.value)  # a step costs its overhead too
-        keeps = best_first_forest(list(candidates), prices, per_step, depth_ms, draft_fixed_ms=fixed_ms)
+        keeps = best_first_forest(list(candidates), prices, self.cost_model(), depth_ms, draft_fixed_ms=fixed_ms)
         chosen = [tree.subtree(keep) for tree, keep in zip(candidates, keeps)]
         self._recent.append((max(t.num_drafted for t in chosen), max(int(t.depths.max()) for t in chosen)))
         self._selected = True
@@ -228,9 +219,8 @@ class MoeAwareController(_ProfiledController):
             self._plain_steps = 0
         return chosen
 
-    def feedback(self, verified, acceptances, verify_ms: float, draft_ms: float, routing, overhead_ms: float = 0.0) -> None:
+    def feedback(self, verified, acceptances, verify_ms: float, draft_ms: float, routing) -> None:
         speculated = any(t.num_drafted for t in verified)
-        self.step_overhead.update(overhead_ms)
         self.rates.update(speculated, sum(a.num_accepted + 1 for a in acceptances), draft_ms + verify_ms)
         if self.adapt:  # plain passes measure the fixed cost too
             self.cost_correction.update(self.predicted_verify_ms(verified), verify_ms)
@@ -275,7 +265,7 @@ class TruncateController(_ProfiledController):
             for tree in candidates
         ]
 
-    def feedback(self, verified, acceptances, verify_ms: float, draft_ms: float, routing, overhead_ms: float = 0.0) -> None:
+    def feedback(self, verified, acceptances, verify_ms: float, draft_ms: float, routing) -> None:
         if not self.adapt or not any(t.num_drafted for t in verified):
             return
         self._learn_acceptance(verified, acceptances)

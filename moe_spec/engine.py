@@ -133,9 +133,7 @@ class SpecDecoder:
                 rows = [rows[i] for i in active]
                 if drafter is not None:
                     drafter.keep_rows(active)
-            overhead_ms = stats.steps[-1].overhead_ms if stats.steps else 0.0
-            new_tokens, valid, step = self._step(cache, valid, rows, drafter, max_new_tokens, sampling, generator,
-                                                 overhead_ms)
+            new_tokens, valid, step = self._step(cache, valid, rows, drafter, max_new_tokens, sampling, generator)
             for row, tokens in zip(rows, new_tokens):
                 tokens = tokens[: row.remaining(max_new_tokens)]
                 hit_eos = next((i for i, t in enumerate(tokens) if t in eos), None)
@@ -155,9 +153,9 @@ class SpecDecoder:
         return GenerationResult(sequences=self._sequences(input_ids, finished, pad), stats=stats)
 
     def _step(self, cache, valid, rows: list[_Row], drafter: BatchDrafter | None, max_new_tokens: int,
-              sampling, generator, overhead_ms: float):
+              sampling, generator):
         """One draft-verify-accept step for all rows; returns each row's new tokens, the new valid
-        mask [B, P'] and the step's stats. overhead_ms: the previous step's time after its verify pass."""
+        mask [B, P'] and the step's stats."""
         t0 = time.perf_counter()
         candidates = self._draft(rows, drafter, max_new_tokens, sampling)
         trees = candidates
@@ -188,7 +186,7 @@ class SpecDecoder:
                 self.step_observer(StepRecord(row.index, int(lengths[b]), candidates[b], tree, logits[b, : len(tree)].argmax(-1),
                                               row_routing[b].experts, acceptance, verify_ms, draft_ms))
         if self.controller is not None:
-            self.controller.feedback(trees, acceptances, verify_ms, draft_ms, row_routing, overhead_ms)
+            self.controller.feedback(trees, acceptances, verify_ms, draft_ms, row_routing)
         step = StepStats(
             tree_size=sum(t.num_drafted for t in trees),
             accepted_length=sum(a.num_accepted + 1 for a in acceptances),

@@ -112,15 +112,3 @@ class DraftCostTracker:
         slope = min(max(slope, self.min_share * average), average)
         return max(mean_t - slope * mean_d, 0.0), slope
 
-
-@dataclass
-class MovingAverage:
-    """An exponential moving average; 0 before the first value."""
-
-    smoothing: float = 0.25
-    value: float = 0.0
-    seen: bool = False
-
-    def update(self, x: float) -> None:
-        self.value = x if not self.seen else (1 - self.smoothing) * self.value + self.smoothing * x
-        self.seen = True
