@@ -146,3 +146,14 @@ def test_batched_eagle_decoding_equals_each_row_decoded_alone(arch):
         alone = hf_greedy(model, prompt, 12)[0, len(prompt):].tolist()
         assert result.sequences[row, width:].tolist()[: len(alone)] == alone, f"{arch} row {row}"
     assert any(step.tree_size > 0 for step in result.stats.steps)
+
+
+def test_a_one_token_prompt_beside_longer_ones(qwen):
+    """A row whose prompt has no committed pair yet (the engine's root is its only other token)."""
+    target, head = qwen
+    g = torch.Generator().manual_seed(4)
+    prompts = [torch.randint(3, 96, (n,), generator=g) for n in (2, 9)]
+    singles, batch = _pair(target, head, prompts)
+    budget, greedy = TreeBudget(10, 3, 3), SamplingConfig()
+    roots = [int(p[-1]) for p in prompts]
+    _assert_same_trees(batch.propose(roots, budget, [3, 3], greedy), [d.propose(r, budget, greedy) for d, r in zip(singles, roots)])
