@@ -27,3 +27,16 @@ def any_model(request):
 @pytest.fixture(params=MOE_ARCHITECTURES)
 def moe_model(request):
     return tiny_model(request.param)
+
+
+def random_eagle_head(target, draft_vocab: int = 64, seed: int = 0):
+    """A random EAGLE head for `target` over `draft_vocab` random target tokens, made decisive (a
+    wide output layer) so its trees are not near-uniform."""
+    from moe_spec.drafters.eagle_head import EagleHead, config_for_target
+
+    torch.manual_seed(seed)
+    d2t = torch.randperm(target.vocab_size)[:draft_vocab]
+    head = EagleHead(config_for_target(target, draft_vocab_size=draft_vocab), d2t)
+    with torch.no_grad():
+        head.lm_head.weight.normal_(0.0, 0.5)
+    return head.eval()

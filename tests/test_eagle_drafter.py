@@ -7,24 +7,21 @@ import torch
 
 from moe_spec.drafters.base import TreeBudget
 from moe_spec.drafters.eagle import EagleDrafter
-from moe_spec.drafters.eagle_head import DraftHeadMismatchError, EagleHead, config_for_target
+from moe_spec.drafters.eagle_head import DraftHeadMismatchError, EagleHead
 from moe_spec.engine import SpecDecoder
 from moe_spec.errors import MoeSpecError
 from moe_spec.sampling import SamplingConfig
 from moe_spec.target import TargetModel
 from moe_spec.tiny_models import tiny_model
 
+from conftest import random_eagle_head
+
 torch.set_num_threads(1)
 DRAFT_VOCAB = 64
 
 
 def _random_head(target: TargetModel, seed: int = 0) -> EagleHead:
-    torch.manual_seed(seed)
-    d2t = torch.randperm(target.vocab_size)[:DRAFT_VOCAB]
-    head = EagleHead(config_for_target(target, draft_vocab_size=DRAFT_VOCAB), d2t)
-    with torch.no_grad():  # a decisive random head, so trees are not near-uniform
-        head.lm_head.weight.normal_(0.0, 0.5)
-    return head.eval()
+    return random_eagle_head(target, DRAFT_VOCAB, seed)
 
 
 @pytest.fixture(scope="module")

@@ -45,7 +45,7 @@ class BatchHeadRunner(HeadRunner):
             index = rows.to(self._k.device)
             self._k, self._v = self._k[index], self._v[index]
 
-    def reserve(self, columns: int, keep: int | None = None) -> None:
+    def reserve(self, columns: int) -> None:
         """Make room for `columns` columns in every row, keeping everything written so far."""
         if self._k is not None and self._k.shape[2] >= columns:
             return
