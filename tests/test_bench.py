@@ -161,3 +161,25 @@ def test_batched_bench_keeps_outputs_and_classes(tmp_path):
     for p1, p2 in zip(reports[1]["per_prompt"], reports[2]["per_prompt"]):
         for method in ("ar", "static:4"):
             assert p1["methods"][method]["new_ids"] == p2["methods"][method]["new_ids"]
+
+
+def test_repeated_passes_add_up_and_keep_one_entry_per_prompt(tmp_path):
+    model_dir = tmp_path / "model"
+    tiny_model("qwen3_moe").save_pretrained(model_dir)
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text("".join(json.dumps({"class": "a", "prompt_ids": p}) + "\n" for p in ([5, 6, 7, 5, 6, 7, 5], [9, 8, 7])))
+    reports = {}
+    for repeats in (1, 3):
+        out = tmp_path / f"r{repeats}.json"
+        assert main(["bench", "--model", str(model_dir), "--drafter", "lookup", "--prompts", str(prompts),
+                     "--methods", "ar,static:4", "--max-new-tokens", "8", "--repeats", str(repeats),
+                     "--no-progress", "--json", str(out)]) == 0
+        reports[repeats] = json.loads(out.read_text())
+    once, thrice = reports[1]["methods"]["static:4"], reports[3]["methods"]["static:4"]
+    assert thrice["steps"] == 3 * once["steps"] and thrice["new_tokens"] == 3 * once["new_tokens"]
+    assert thrice["prompts"] == once["prompts"] == 2 and (once["repeats"], thrice["repeats"]) == (1, 3)
+    assert reports[3]["config"]["repeats"] == 3
+    assert len(reports[3]["per_prompt"]) == 2
+    assert [p["methods"]["static:4"]["new_ids"] for p in reports[3]["per_prompt"]] == [
+        p["methods"]["static:4"]["new_ids"] for p in reports[1]["per_prompt"]]
+    assert main(["bench", "--model", str(model_dir), "--prompts", str(prompts), "--repeats", "0", "--no-progress"]) == 2

@@ -41,6 +41,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--batch-size", type=int, default=1, help="prompts of one class decoded together (left-padded)")
     parser.add_argument("--temperature", type=float, default=0.0, help="0: greedy")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--repeats", type=int, default=1,
+                        help="passes over the prompts, methods interleaved; figures are totals (steadier on a busy machine)")
     parser.add_argument("--limit", type=int, default=None, help="at most this many prompts per class (the first ones)")
     parser.add_argument("--warmup-tokens", type=int, default=16, help="per method, before timing; 0: no warm-up")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's own choice)")
@@ -58,7 +60,8 @@ def run(args: argparse.Namespace) -> dict:
     names = expand_methods(requested)
     if args.limit is not None and args.limit < 1:
         raise InputError(f"--limit must be >= 1, got {args.limit}")
-    settings = RunSettings(args.max_new_tokens, args.temperature, args.seed, args.warmup_tokens, args.batch_size)
+    settings = RunSettings(args.max_new_tokens, args.temperature, args.seed, args.warmup_tokens, args.batch_size,
+                           args.repeats)
     prompts = load_prompts(args.prompts, args.limit)
     if args.threads is not None:
         torch.set_num_threads(args.threads)
@@ -138,6 +141,7 @@ def _config(args: argparse.Namespace, model, names: list[str], settings: RunSett
         "temperature": settings.temperature,
         "seed": settings.seed,
         "warmup_tokens": settings.warmup_tokens,
+        "repeats": settings.repeats,
         "dtype": args.dtype,
         "experts_implementation": args.experts_implementation,
         "attn_implementation": getattr(model.config, "_attn_implementation", None),

@@ -2,7 +2,8 @@
 
 Figures are totals over the prompts, not means of per-prompt ratios:
 
-- `tokens_per_s`: new tokens / wall time, summed over prompts (prefill included, as in `GenerationStats`);
+- `tokens_per_s`: new tokens / wall time, summed over prompts and repeated passes (prefill included,
+  as in `GenerationStats`);
 - `speedup_vs_ar`: tokens_per_s / that of `ar` on the same prompts (null when `ar` did not run);
 - `mean_accept_len`: tokens produced / (steps x rows they advanced) (the bonus token included, so `ar` is 1);
 - `verify_ms`, `draft_ms`: mean per step;
@@ -21,7 +22,7 @@ from moe_spec.stats import GenerationStats
 
 METRICS = (
     "tokens_per_s", "speedup_vs_ar", "mean_accept_len", "verify_ms", "draft_ms", "draft_share",
-    "unique_experts_per_layer", "expert_loads_per_token", "mean_tree_size", "new_tokens", "steps", "prompts",
+    "unique_experts_per_layer", "expert_loads_per_token", "mean_tree_size", "new_tokens", "steps", "prompts", "repeats",
 )
 BASELINE = "ar"
 
@@ -57,6 +58,10 @@ def aggregate(stats: Sequence[GenerationStats]) -> dict:
 def compare(runs: Sequence[Run], methods: Sequence[str]) -> dict[str, dict]:
     """Method name -> figures over `runs`, with speedups over `ar` where it ran."""
     table = {m: aggregate([r.stats for r in runs if r.method == m]) for m in methods}
+    for m, figures in table.items():  # prompts, not runs: a repeated pass decodes the same prompts again
+        mine = [r for r in runs if r.method == m]
+        figures["prompts"] = len({i for r in mine for i in r.prompt_indices})
+        figures["repeats"] = len({r.repeat for r in mine})
     baseline = table.get(BASELINE)
     for figures in table.values():
         if baseline is not None and baseline["tokens_per_s"] > 0:
@@ -83,7 +88,7 @@ def build_report(runs: Sequence[Run], methods: Sequence[str], classes: Sequence[
             add_static_best(per_class[name])
     per_prompt = []
     for index, meta in enumerate(prompt_meta):
-        mine = {r.method: r for r in runs if index in r.prompt_indices}
+        mine = {r.method: r for r in runs if index in r.prompt_indices and r.repeat == 0}
         per_prompt.append({
             "index": index,
             "class": classes[index],

@@ -32,6 +32,7 @@ class RunSettings:
     seed: int = 0
     warmup_tokens: int = 16  # per method, on the first prompt; not counted
     batch_size: int = 1
+    repeats: int = 1  # every method on every prompt this many times, interleaved; figures are totals
 
     def __post_init__(self):
         if self.max_new_tokens < 1:
@@ -42,6 +43,8 @@ class RunSettings:
             raise InputError(f"batch_size must be >= 1, got {self.batch_size}")
         if self.warmup_tokens < 0:
             raise InputError(f"warmup_tokens must be >= 0, got {self.warmup_tokens}")
+        if self.repeats < 1:
+            raise InputError(f"repeats must be >= 1, got {self.repeats}")
 
 
 @dataclass(frozen=True)
@@ -52,6 +55,7 @@ class Run:
     method: str
     stats: GenerationStats  # of the whole batch
     new_ids: tuple[tuple[int, ...], ...]  # per prompt of the batch
+    repeat: int = 0  # which pass over the prompts
 
     @property
     def prompt_index(self) -> int:
@@ -122,14 +126,17 @@ def run_methods(
             generate(method, groups[0], min(settings.warmup_tokens, settings.max_new_tokens))
 
     runs: list[Run] = []
-    bar = tqdm(total=len(groups) * len(methods), desc="bench", unit="run", disable=None if progress is None else not progress)
-    for order, group in enumerate(groups):
-        for method in method_order(methods, order):
-            bar.set_postfix_str(f"prompts {group[0]}.. {method.name}", refresh=False)
-            ids, result = generate(method, group, settings.max_new_tokens)
-            new_ids = tuple(_until_padding(result.sequences[row, ids.shape[1]:].tolist(), result, row) for row in range(len(group)))
-            runs.append(Run(tuple(group), method.name, result.stats, new_ids))
-            bar.update()
+    bar = tqdm(total=settings.repeats * len(groups) * len(methods), desc="bench", unit="run",
+               disable=None if progress is None else not progress)
+    for repeat in range(settings.repeats):
+        for order, group in enumerate(groups):
+            for method in method_order(methods, order + repeat):
+                bar.set_postfix_str(f"pass {repeat + 1}, prompts {group[0]}.. {method.name}", refresh=False)
+                ids, result = generate(method, group, settings.max_new_tokens)
+                new_ids = tuple(_until_padding(result.sequences[row, ids.shape[1]:].tolist(), result, row)
+                                for row in range(len(group)))
+                runs.append(Run(tuple(group), method.name, result.stats, new_ids, repeat))
+                bar.update()
     bar.close()
     return runs
 
