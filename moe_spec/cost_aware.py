@@ -149,10 +149,11 @@ class MoeAwareController(_ProfiledController):
     """moe_spec's policy: best-first subtree over the whole candidate tree, each node priced by
     the experts it newly activates (see `selection.py`); no speculation when that wins.
 
-    The candidate tree is sized by the same economics: the drafter expands one level deeper and
-    `candidate_growth` times as many nodes per row as recent steps chose to verify (at least
-    `candidate_min`; starting from 10 nodes, 4 deep), so little draft time goes to nodes that could
-    never pay. Selection prices drafting by depth (see `selection.py`), so a generous candidate
+    The candidate tree is sized by the same economics: the drafter expands `candidate_growth` times
+    as many nodes per row as recent steps chose to verify (at least `candidate_min`; starting from
+    10 nodes, 4 deep), as deep as they went, and one level deeper when a recent choice used the
+    candidates' last level (so deeper trees are explored where they might pay, and no level is
+    drafted every step only to be dropped). Selection prices drafting by depth (see `selection.py`), so a generous candidate
     tree does not inflate the next one. Drafting pauses (probing every `probe_every` steps) when
     several steps in a row chose plain decoding, or when the *measured* throughput of speculative
     steps (tokens per ms of draft + verify, a moving average) falls below that of plain steps: the
@@ -174,7 +175,7 @@ class MoeAwareController(_ProfiledController):
 
     def _fresh_history(self) -> None:
         self.rates = ThroughputTracker()
-        self._recent: deque[tuple[int, int]] = deque(maxlen=self.recent_steps)  # (nodes, depth) chosen
+        self._recent: deque[tuple[int, int, bool]] = deque(maxlen=self.recent_steps)  # (nodes, depth, at edge) chosen
         self._plain_steps = 0
         self._selected = False  # whether this step's tree went through `select`
         self.draft_costs = DraftCostTracker()
@@ -187,23 +188,24 @@ class MoeAwareController(_ProfiledController):
     def candidate_budget(self, default: TreeBudget) -> TreeBudget:
         if self.adapt and self.rates.plain is None and self.rates.speculative_steps == 2:
             return TreeBudget(0, 0, default.branching)  # one plain step early on, to measure what it costs
-        chose_plain = len(self._recent) == self.recent_steps and all(nodes == 0 for nodes, _ in self._recent)
+        chose_plain = len(self._recent) == self.recent_steps and all(nodes == 0 for nodes, _, _ in self._recent)
         if chose_plain or (self.adapt and self.rates.speculation_loses()):
             self._plain_steps += 1
             if self._plain_steps % self.probe_every:
                 return TreeBudget(0, 0, default.branching)  # speculation has not paid lately: skip drafting
         if len(self._recent) < self.recent_steps:
             return self._sized(default, 8, 3)
-        nodes = max(nodes for nodes, _ in self._recent)
-        depth = max(depth for _, depth in self._recent)
-        return self._sized(default, nodes, depth)
+        nodes = max(nodes for nodes, _, _ in self._recent)
+        depth = max(depth for _, depth, _ in self._recent)
+        deeper = any(edge for _, _, edge in self._recent)  # a recent choice used the candidates' last level
+        return self._sized(default, nodes, depth, deeper)
 
-    def _sized(self, default: TreeBudget, nodes: int, depth: int) -> TreeBudget:
+    def _sized(self, default: TreeBudget, nodes: int, depth: int, deeper: bool = True) -> TreeBudget:
         """A candidate tree around `nodes` chosen nodes per row `depth` deep: `candidate_growth` times
-        the nodes, one level deeper, and only as many expansions per level as that many nodes can use (each
-        expansion is a row of the head's forward and of its output projection)."""
+        the nodes, one level deeper if `deeper`, and only as many expansions per level as that many
+        nodes can use (each expansion is a row of the head's forward and of its output projection)."""
         nodes = min(default.max_nodes, max(self.candidate_min, round(self.candidate_growth * nodes)))
-        depth = min(default.max_depth, depth + 1)
+        depth = min(default.max_depth, max(depth + deeper, 1))
         return TreeBudget(nodes, depth, min(default.branching, max(2, -(-nodes // depth))))
 
     def select(self, candidates: Sequence[DraftTree], draft_ms: float) -> list[DraftTree]:
@@ -213,7 +215,8 @@ class MoeAwareController(_ProfiledController):
         fixed_ms, depth_ms = self.draft_costs.estimate()
         keeps = best_first_forest(list(candidates), prices, self.cost_model(), depth_ms, draft_fixed_ms=fixed_ms)
         chosen = [tree.subtree(keep) for tree, keep in zip(candidates, keeps)]
-        self._recent.append((max(t.num_drafted for t in chosen), max(int(t.depths.max()) for t in chosen)))
+        depth = max(int(t.depths.max()) for t in chosen)
+        self._recent.append((max(t.num_drafted for t in chosen), depth, depth >= max(int(t.depths.max()) for t in candidates)))
         self._selected = True
         if any(t.num_drafted for t in chosen):
             self._plain_steps = 0
@@ -227,7 +230,7 @@ class MoeAwareController(_ProfiledController):
         if self.adapt and speculated:
             self._learn_acceptance(verified, acceptances)
         if not self._selected:  # drafting was skipped (or nothing was drafted): a plain step
-            self._recent.append((0, 0))
+            self._recent.append((0, 0, False))
         self._selected = False
 
 

@@ -75,6 +75,10 @@ class DraftTree:
         keep = torch.as_tensor(keep, dtype=torch.long).unique(sorted=True)
         if keep.numel() == 0 or int(keep[0]) != 0:
             raise ValueError("a subtree must contain the root")
+        if keep.numel() == len(self) and int(keep[-1]) == len(self) - 1:  # every node
+            return self
+        if keep.numel() == 1:
+            return DraftTree.root_only(int(self.tokens[0]))
         new_index = torch.full((len(self),), -1, dtype=torch.long)
         new_index[keep] = torch.arange(keep.numel())
         old_parents = self.parents[keep]

@@ -222,3 +222,17 @@ def test_learning_from_a_batch_counts_every_verified_node_at_its_depth(profiled)
                 expected.update(depth, float(values[node]), float(node in acceptance.path))
     assert controller.acceptance_correction.observed == pytest.approx(expected.observed)
     assert controller.acceptance_correction.predicted == pytest.approx(expected.predicted)
+
+
+def test_candidate_trees_go_deeper_only_after_a_choice_used_their_last_level(profiled):
+    _, _, profile = profiled
+    controller = MoeAwareController(profile, adapt=False)
+    default = TreeBudget(60, 5, 10)
+    chain = DraftTree.from_lists([1, 2, 3, 4], [-1, 0, 1, 2], scores=[0.0, -0.01, -0.02, -0.03])
+    controller._recent.extend([(2, 2, False)] * 4)  # chose 2 levels of deeper candidates
+    assert controller.candidate_budget(default).max_depth == 2
+    controller._recent.append((3, 3, True))  # a choice reached the candidates' last level
+    assert controller.candidate_budget(default).max_depth == 4
+    chosen = controller.select([chain], draft_ms=1.0)[0]
+    edge = controller._recent[-1][2]
+    assert edge == (int(chosen.depths.max()) == 3)
