@@ -176,7 +176,9 @@ class SpecDecoder:
             index, valid = compaction(valid, width, [a.path for a in acceptances])
             gather_columns(cache, index)
         verify_ms, draft_ms = (t2 - t1) * 1000, (t1 - t0) * 1000
-        row_routing = [out.routing.select(b * width + torch.arange(len(tree))) for b, tree in enumerate(trees)]
+        row_routing = []  # each row's own nodes' routing, for whoever reads it
+        if self.controller is not None or self.step_observer is not None:
+            row_routing = [out.routing.select(b * width + torch.arange(len(tree))) for b, tree in enumerate(trees)]
         if drafter is not None:
             paths = [torch.tensor(a.path) for a in acceptances]
             drafter.commit([tree.tokens[path] for tree, path in zip(trees, paths)],

@@ -40,3 +40,12 @@ def random_eagle_head(target, draft_vocab: int = 64, seed: int = 0):
     with torch.no_grad():
         head.lm_head.weight.normal_(0.0, 0.5)
     return head.eval()
+
+
+@pytest.fixture(scope="module")
+def qwen():
+    """A tiny Qwen3-MoE target and a random EAGLE head for it."""
+    from moe_spec.target import TargetModel
+
+    target = TargetModel(tiny_model("qwen3_moe"))
+    return target, random_eagle_head(target)

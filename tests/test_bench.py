@@ -141,20 +141,26 @@ def test_built_prompt_sets_have_the_class_shapes_and_are_prefix_stable(small_tok
     assert build_prompt_sets(small_tokenizer, per_class=1, seed=0, classes=("code", "copy")) == [code, copy]
 
 
-def test_batched_bench_keeps_outputs_and_classes(tmp_path):
-    """--batch-size 2: prompts of a class decode together; greedy outputs equal the unbatched ones."""
+def _tiny_bench(tmp_path, rows: list[tuple[str, list[int]]], runs: dict[int, list[str]]) -> dict[int, dict]:
+    """Bench ar and static:4 with the lookup drafter on a tiny Qwen3-MoE over `rows` (class, prompt
+    ids), once per entry of `runs` (name -> extra arguments); returns each run's JSON report."""
     model_dir = tmp_path / "model"
     tiny_model("qwen3_moe").save_pretrained(model_dir)
     prompts = tmp_path / "p.jsonl"
-    rows = [("a", [5, 6, 7, 5, 6, 7, 5]), ("a", [9, 8, 7]), ("b", [11, 12, 13, 11, 12]), ("a", [4, 4, 4, 4])]
     prompts.write_text("".join(json.dumps({"class": c, "prompt_ids": p}) + "\n" for c, p in rows))
     reports = {}
-    for batch in (1, 2):
-        out = tmp_path / f"b{batch}.json"
+    for name, extra in runs.items():
+        out = tmp_path / f"{name}.json"
         assert main(["bench", "--model", str(model_dir), "--drafter", "lookup", "--prompts", str(prompts),
-                     "--methods", "ar,static:4", "--max-new-tokens", "10", "--batch-size", str(batch),
-                     "--no-progress", "--json", str(out)]) == 0
-        reports[batch] = json.loads(out.read_text())
+                     "--methods", "ar,static:4", "--no-progress", "--json", str(out), *extra]) == 0
+        reports[name] = json.loads(out.read_text())
+    return reports
+
+
+def test_batched_bench_keeps_outputs_and_classes(tmp_path):
+    """--batch-size 2: prompts of a class decode together; greedy outputs equal the unbatched ones."""
+    rows = [("a", [5, 6, 7, 5, 6, 7, 5]), ("a", [9, 8, 7]), ("b", [11, 12, 13, 11, 12]), ("a", [4, 4, 4, 4])]
+    reports = _tiny_bench(tmp_path, rows, {b: ["--max-new-tokens", "10", "--batch-size", str(b)] for b in (1, 2)})
     assert reports[2]["config"]["batch_size"] == 2
     assert reports[2]["per_prompt"][0]["methods"]["ar"]["batch"] == [0, 1]
     assert reports[2]["per_prompt"][2]["methods"]["ar"]["batch"] == [2]
@@ -164,17 +170,8 @@ def test_batched_bench_keeps_outputs_and_classes(tmp_path):
 
 
 def test_repeated_passes_add_up_and_keep_one_entry_per_prompt(tmp_path):
-    model_dir = tmp_path / "model"
-    tiny_model("qwen3_moe").save_pretrained(model_dir)
-    prompts = tmp_path / "p.jsonl"
-    prompts.write_text("".join(json.dumps({"class": "a", "prompt_ids": p}) + "\n" for p in ([5, 6, 7, 5, 6, 7, 5], [9, 8, 7])))
-    reports = {}
-    for repeats in (1, 3):
-        out = tmp_path / f"r{repeats}.json"
-        assert main(["bench", "--model", str(model_dir), "--drafter", "lookup", "--prompts", str(prompts),
-                     "--methods", "ar,static:4", "--max-new-tokens", "8", "--repeats", str(repeats),
-                     "--no-progress", "--json", str(out)]) == 0
-        reports[repeats] = json.loads(out.read_text())
+    rows = [("a", [5, 6, 7, 5, 6, 7, 5]), ("a", [9, 8, 7])]
+    reports = _tiny_bench(tmp_path, rows, {r: ["--max-new-tokens", "8", "--repeats", str(r)] for r in (1, 3)})
     once, thrice = reports[1]["methods"]["static:4"], reports[3]["methods"]["static:4"]
     assert thrice["steps"] == 3 * once["steps"] and thrice["new_tokens"] == 3 * once["new_tokens"]
     assert thrice["prompts"] == once["prompts"] == 2 and (once["repeats"], thrice["repeats"]) == (1, 3)
@@ -182,4 +179,5 @@ def test_repeated_passes_add_up_and_keep_one_entry_per_prompt(tmp_path):
     assert len(reports[3]["per_prompt"]) == 2
     assert [p["methods"]["static:4"]["new_ids"] for p in reports[3]["per_prompt"]] == [
         p["methods"]["static:4"]["new_ids"] for p in reports[1]["per_prompt"]]
-    assert main(["bench", "--model", str(model_dir), "--prompts", str(prompts), "--repeats", "0", "--no-progress"]) == 2
+    assert main(["bench", "--model", str(tmp_path / "model"), "--prompts", str(tmp_path / "p.jsonl"), "--repeats", "0",
+                 "--no-progress"]) == 2

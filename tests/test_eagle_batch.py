@@ -9,7 +9,6 @@ import torch
 from moe_spec.drafters.base import TreeBudget
 from moe_spec.drafters.eagle import EagleDrafter
 from moe_spec.drafters.eagle_batch import EagleBatchDrafter
-from moe_spec.drafters.eagle_head import EagleHead
 from moe_spec.engine import SpecDecoder
 from moe_spec.sampling import SamplingConfig
 from moe_spec.target import TargetModel
@@ -21,16 +20,6 @@ from conftest import ALL_ARCHITECTURES, hf_greedy, random_eagle_head
 torch.set_num_threads(1)
 DRAFT_VOCAB = 64
 LENGTHS = [12, 5, 20]
-
-
-def _random_head(target: TargetModel, seed: int = 0) -> EagleHead:
-    return random_eagle_head(target, DRAFT_VOCAB, seed)
-
-
-@pytest.fixture(scope="module")
-def qwen():
-    target = TargetModel(tiny_model("qwen3_moe"))
-    return target, _random_head(target)
 
 
 def _features(target: TargetModel, tokens: torch.Tensor) -> torch.Tensor:
@@ -136,7 +125,7 @@ def test_batched_eagle_decoding_equals_each_row_decoded_alone(arch):
     width = max(len(r) for r in BATCH_ROWS)
     ids = torch.tensor([[0] * (width - len(r)) + r for r in BATCH_ROWS])
     mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in BATCH_ROWS])
-    drafter = EagleDrafter(_random_head(target), target, TreeBudget(12, 4, 3))
+    drafter = EagleDrafter(random_eagle_head(target, DRAFT_VOCAB), target, TreeBudget(12, 4, 3))
     result = SpecDecoder(target, drafter=drafter).generate(ids, attention_mask=mask, max_new_tokens=12)
     for row, prompt in enumerate(BATCH_ROWS):
         alone = hf_greedy(model, prompt, 12)[0, len(prompt):].tolist()

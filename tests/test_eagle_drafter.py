@@ -20,16 +20,6 @@ torch.set_num_threads(1)
 DRAFT_VOCAB = 64
 
 
-def _random_head(target: TargetModel, seed: int = 0) -> EagleHead:
-    return random_eagle_head(target, DRAFT_VOCAB, seed)
-
-
-@pytest.fixture(scope="module")
-def qwen():
-    target = TargetModel(tiny_model("qwen3_moe"))
-    return target, _random_head(target)
-
-
 def _prompt(n: int = 12, seed: int = 0) -> torch.Tensor:
     return torch.randint(3, 96, (n,), generator=torch.Generator().manual_seed(seed))
 
@@ -134,7 +124,7 @@ def test_greedy_matches_generate_with_a_random_head(model_type):
     model = tiny_model(model_type)
     target = TargetModel(model)
     prompt = _prompt(11, seed=3)[None]
-    out = SpecDecoder(target, drafter=EagleDrafter(_random_head(target), target)).generate(
+    out = SpecDecoder(target, drafter=EagleDrafter(random_eagle_head(target, DRAFT_VOCAB), target)).generate(
         prompt, max_new_tokens=30, eos_token_id=[])
     reference = model.generate(prompt, do_sample=False, max_new_tokens=30, min_new_tokens=30, eos_token_id=[],
                                pad_token_id=0)
@@ -256,7 +246,7 @@ def test_runner_matches_the_head_forward(qwen):
 def test_the_drafter_follows_changes_to_the_head_weights(qwen):
     """The runner's fused weights are copies; training (in-place updates) must not leave them stale."""
     target, _ = qwen
-    head = _random_head(target, seed=6)
+    head = random_eagle_head(target, DRAFT_VOCAB, seed=6)
     prompt = _prompt(seed=6)
     drafter = _begun(target, head, prompt)
     before = drafter.propose(int(prompt[-1]), TreeBudget(10, 3, 3), SamplingConfig())

@@ -33,9 +33,9 @@ from pathlib import Path
 import torch
 
 from moe_spec.drafters.base import TreeBudget
-from moe_spec.drafters.eagle_batch import EagleBatchDrafter, rerank
+from moe_spec.drafters.eagle_batch import EagleBatchDrafter, draft_log_probs, rerank
 from moe_spec.drafters.eagle_head import EagleHead, HeadRunner, check_fits
-from moe_spec.sampling import SamplingConfig, probabilities
+from moe_spec.sampling import SamplingConfig
 from moe_spec.target import TargetModel
 from moe_spec.tree import DraftTree
 
@@ -125,13 +125,6 @@ class EagleDrafter:
         self._queued_g.append(g)
         self._queued_tokens.append(tokens.to(self._device, torch.long))
 
-    def _log_probs(self, h: torch.Tensor, sampling: SamplingConfig) -> torch.Tensor:
-        """[M, D] -> [M, V_draft] draft log-probabilities (of the sampled distribution when sampling)."""
-        logits = self._runner.logits(h).float()
-        if sampling.greedy:
-            return torch.log_softmax(logits, dim=-1)
-        return probabilities(logits, sampling).log()
-
     def _constants(self, width: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(row of each child [w * w], tree mask of a lone root [1, 1], diagonal mask [w, w]) for `_grow`."""
         dtype = self._runner.dtype
@@ -155,7 +148,7 @@ class EagleDrafter:
         def children(h: torch.Tensor, base: torch.Tensor):
             """h: [M, D] of expanded nodes with cumulative scores base [M] -> their top-`width` children:
             (draft ids, cumulative scores, row of the parent in h), candidates of probability zero dropped."""
-            top_logp, top_ids = self._log_probs(h, sampling).topk(width, dim=-1)  # [M, w] each
+            top_logp, top_ids = draft_log_probs(runner, h, sampling).topk(width, dim=-1)  # [M, w] each
             cumulative = (base[:, None] + top_logp).view(-1)
             ids, rows = top_ids.view(-1), child_rows[: cumulative.numel()]
             if greedy:  # log_softmax of finite logits is finite

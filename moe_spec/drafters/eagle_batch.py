@@ -96,13 +96,6 @@ class EagleBatchDrafter:
         sizes = [f.shape[0] for f in features]
         return list(self.head.fuse(torch.cat([f.to(self._device) for f in features])).split(sizes))
 
-    def _log_probs(self, h: torch.Tensor, sampling: SamplingConfig) -> torch.Tensor:
-        """[M, D] -> [M, V_draft] draft log-probabilities (of the sampled distribution when sampling)."""
-        logits = self._runner.logits(h).float()
-        if sampling.greedy:
-            return torch.log_softmax(logits, dim=-1)
-        return probabilities(logits, sampling).log()
-
     def _grow(self, h_root: torch.Tensor, committed: torch.Tensor, caps: torch.Tensor, width: int, max_nodes: int,
               sampling: SamplingConfig) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """h_root: [B, D]; committed, caps: [B]. Returns [B, N] draft ids, parents and scores of every
@@ -118,7 +111,7 @@ class EagleBatchDrafter:
         def children(h: torch.Tensor, base: torch.Tensor):
             """h [B, M, D], scores base [B, M] -> top-`w` children: ids, cumulative scores [B, M*w]."""
             m = h.shape[1]
-            top_logp, top_ids = self._log_probs(h.reshape(batch * m, -1), sampling).topk(width, dim=-1)
+            top_logp, top_ids = draft_log_probs(runner, h.reshape(batch * m, -1), sampling).topk(width, dim=-1)
             cumulative = base[..., None] + top_logp.view(batch, m, width)  # -inf stays -inf
             return top_ids.view(batch, m * width), cumulative.view(batch, m * width)
 
@@ -152,6 +145,15 @@ class EagleBatchDrafter:
             all_parents.append(nodes[:, child_slot[: m * width]])
             all_scores.append(scores)
         return torch.cat(all_ids, dim=1), torch.cat(all_parents, dim=1), torch.cat(all_scores, dim=1)
+
+
+def draft_log_probs(runner, h: torch.Tensor, sampling: SamplingConfig) -> torch.Tensor:
+    """[M, D] -> [M, V_draft] the head's draft log-probabilities (of the sampled distribution when
+    sampling); runner: a `HeadRunner` (or `BatchHeadRunner`) of the head."""
+    logits = runner.logits(h).float()
+    if sampling.greedy:
+        return torch.log_softmax(logits, dim=-1)
+    return probabilities(logits, sampling).log()
 
 
 def rerank(root_token: int, d2t: torch.Tensor, ids: torch.Tensor, parents: torch.Tensor, scores: torch.Tensor,
