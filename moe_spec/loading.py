@@ -7,7 +7,7 @@ from pathlib import Path
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 
-from moe_spec.architectures import SUPPORTED_ARCHITECTURES
+from moe_spec.core.architectures import SUPPORTED_ARCHITECTURES
 
 from moe_spec.errors import InputError
 

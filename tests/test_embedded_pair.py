@@ -7,16 +7,16 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from moe_spec import SpecDecoder
-from moe_spec.controller import StaticController
-from moe_spec.cost_aware import MoeAwareController
+from moe_spec.policy.static import StaticController
+from moe_spec.policy.cost_aware import MoeAwareController
 from moe_spec.drafters import EagleDrafter, TreeBudget
 from moe_spec.loading import DEFAULT_DRAFTER, DEFAULT_TARGET, load_target, load_tokenizer
-from moe_spec.profile import Profile
-from moe_spec.profiling.store import DEFAULT_PROFILE
-from moe_spec.prompt_file import load_prompts
-from moe_spec.target import TargetModel
+from moe_spec.profile.artifact import Profile
+from moe_spec.measure.store import DEFAULT_PROFILE
+from moe_spec.experiments.prompt_file import load_prompts
+from moe_spec.core.target import TargetModel
 
-from conftest import hf_greedy
+from moe_spec.testing.helpers import hf_greedy
 
 
 @pytest.fixture(scope="module")

@@ -8,10 +8,10 @@ import nbclient
 import nbformat
 import pytest
 
-from moe_spec.cli import main
-from moe_spec.tiny_models import tiny_model
+from moe_spec.cli.main import main
+from moe_spec.testing.tiny_models import tiny_model
 
-from conftest import PLAIN_PROMPT, REPETITIVE_PROMPT
+from moe_spec.testing.helpers import PLAIN_PROMPT, REPETITIVE_PROMPT
 
 ANALYSIS = Path(__file__).resolve().parent.parent / "analysis"
 QUICK_PROFILE = ["--max-new-tokens", "12", "--repeats", "2", "--warmup", "1", "--evict-mb", "0", "--threads", "1",

@@ -1,6 +1,6 @@
 """Drafters: objects that propose a draft tree for the target to verify."""
 
-from moe_spec.drafters.base import Drafter, TreeBudget
+from moe_spec.core.drafting import Drafter, TreeBudget
 from moe_spec.drafters.eagle import EagleDrafter
 from moe_spec.drafters.eagle_head import EagleConfig, EagleHead
 from moe_spec.drafters.lookup import LookupDrafter

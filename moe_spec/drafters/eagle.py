@@ -23,7 +23,7 @@ lower (earlier) index, so the kept set is closed under parents, and a frontier n
 better than the current `max_nodes`-th best drafted node cannot have a descendant in the kept
 set: such nodes are not expanded, and growth stops once no frontier node beats that threshold.
 This pruning never changes the kept set. When sampling, the draft distribution is the sampled one
-(`moe_spec.sampling.probabilities`), and candidates it gives zero probability are not drafted.
+(`moe_spec.core.sampling.probabilities`), and candidates it gives zero probability are not drafted.
 """
 
 from __future__ import annotations
@@ -32,12 +32,12 @@ from pathlib import Path
 
 import torch
 
-from moe_spec.drafters.base import TreeBudget
+from moe_spec.core.drafting import TreeBudget
 from moe_spec.drafters.eagle_batch import EagleBatchDrafter, draft_log_probs, rerank
 from moe_spec.drafters.eagle_head import EagleHead, HeadRunner, check_fits
-from moe_spec.sampling import SamplingConfig
-from moe_spec.target import TargetModel
-from moe_spec.tree import DraftTree
+from moe_spec.core.sampling import SamplingConfig
+from moe_spec.core.target import TargetModel
+from moe_spec.core.tree import DraftTree
 
 
 class EagleDrafter:

@@ -16,12 +16,12 @@ from collections.abc import Sequence
 
 import torch
 
-from moe_spec.drafters.base import TreeBudget
+from moe_spec.core.drafting import TreeBudget
 from moe_spec.drafters.batch_head_runner import BatchHeadRunner
 from moe_spec.drafters.eagle_head import EagleHead, check_fits
-from moe_spec.sampling import SamplingConfig, probabilities
-from moe_spec.target import TargetModel
-from moe_spec.tree import DraftTree
+from moe_spec.core.sampling import SamplingConfig, probabilities
+from moe_spec.core.target import TargetModel
+from moe_spec.core.tree import DraftTree
 
 NEG_INF = float("-inf")
 

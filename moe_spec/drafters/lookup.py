@@ -12,9 +12,9 @@ import math
 
 import torch
 
-from moe_spec.drafters.base import TreeBudget
-from moe_spec.sampling import SamplingConfig
-from moe_spec.tree import DraftTree
+from moe_spec.core.drafting import TreeBudget
+from moe_spec.core.sampling import SamplingConfig
+from moe_spec.core.tree import DraftTree
 
 
 class LookupDrafter:

@@ -36,7 +36,7 @@ from torch import nn
 from tqdm import tqdm
 
 from moe_spec.drafters.eagle_head import EagleHead, config_for_target
-from moe_spec.target import TargetModel
+from moe_spec.core.target import TargetModel
 
 META_FILE = "moe_spec_meta.json"
 

@@ -1,0 +1,203 @@
+"""`moe-spec bench`: decoding methods side by side on a prompt set; a table, a JSON report, a JSON line."""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import platform
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+import transformers
+
+from moe_spec.policy.registry import STATIC_BEST, MethodContext, build_method, expand_methods, parse_methods
+from moe_spec.experiments.bench_plots import write_bench_plots
+from moe_spec.experiments.prompt_file import load_prompts
+from moe_spec.experiments.report import build_report, format_report, summary_line
+from moe_spec.experiments.runner import RunSettings, run_methods
+from moe_spec.errors import InputError
+from moe_spec.profile.artifact import Profile
+from moe_spec.measure.store import DEFAULT_PROFILE, profile_for
+from moe_spec.loading import load_drafter, load_target, load_tokenizer, model_folder
+from moe_spec.core.target import TargetModel
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", default=None, help="model folder (default: the embedded target)")
+    parser.add_argument("--drafter", default="default",
+                        help="'lookup', 'default' (the embedded head) or a head folder; shared by every drafting method")
+    parser.add_argument("--prompts", required=True, help="JSON-lines prompt file (`prompt` or `prompt_ids`, optional `class`)")
+    parser.add_argument("--methods", default="ar,eagle2",
+                        help="comma-separated: ar, eagle2, static:N, static-best, truncate, moe-aware, moe-aware-noexperts")
+    parser.add_argument("--profile", default=None,
+                        help="profile JSON for truncate / moe-aware (default: shipped, cached, or profiled now)")
+    parser.add_argument("--plots", default=None, help="folder for PNG figures")
+    parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument("--batch-size", type=int, default=1, help="prompts of one class decoded together (left-padded)")
+    parser.add_argument("--temperature", type=float, default=0.0, help="0: greedy")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--repeats", type=int, default=1,
+                        help="passes over the prompts, methods interleaved; figures are totals (steadier on a busy machine)")
+    parser.add_argument("--limit", type=int, default=None, help="at most this many prompts per class (the first ones)")
+    parser.add_argument("--warmup-tokens", type=int, default=16, help="per method, before timing; 0: no warm-up")
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's own choice)")
+    parser.add_argument("--dtype", default="float32")
+    parser.add_argument("--experts-implementation", default="grouped_mm")
+    parser.add_argument("--json", dest="json_out", default=None, help="write the full report here")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    parser.add_argument("--trace", default=None, metavar="OUT",
+                        help="also record eagle2's steps (trees, target argmax, routing, times) as JSON lines "
+                             "for `moe-spec simulate`; the profile is copied beside it")
+
+
+def run(args: argparse.Namespace) -> dict:
+    requested = parse_methods(args.methods)
+    names = expand_methods(requested)
+    if args.limit is not None and args.limit < 1:
+        raise InputError(f"--limit must be >= 1, got {args.limit}")
+    settings = RunSettings(args.max_new_tokens, args.temperature, args.seed, args.warmup_tokens, args.batch_size,
+                           args.repeats)
+    prompts = load_prompts(args.prompts, args.limit)
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
+
+    model = load_target(args.model, dtype=args.dtype, experts_implementation=args.experts_implementation)
+    tokenizer = load_tokenizer(args.model)
+    input_ids = [p.input_ids(tokenizer) for p in prompts]
+    target = TargetModel(model)
+    context = MethodContext(target, lambda: load_drafter(args.drafter, target),
+                            lambda: _profile(args, target, context, input_ids))
+    methods = [build_method(name, context) for name in names]
+
+    runs = run_methods(target, methods, input_ids, settings, progress=False if args.no_progress else None,
+                       classes=[p.prompt_class for p in prompts])
+    meta = [{**p.meta, "prompt_tokens": int(ids.shape[1])} for p, ids in zip(prompts, input_ids)]
+    config = _config(args, model, names, settings)
+    if context.profile_source is not None:
+        config["profile"] = context.profile_source
+    report = build_report(runs, names, [p.prompt_class for p in prompts], meta, config,
+                          static_best=STATIC_BEST in requested)
+    if args.trace is not None:
+        config["trace"] = _trace(args, context, input_ids, [p.prompt_class for p in prompts], settings, config, runs)
+    if args.plots is not None:
+        config["plots"] = [str(p) for p in write_bench_plots(report, Path(args.plots))]
+
+    print(format_report(report))
+    if args.json_out is not None:
+        out = Path(args.json_out)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(report, indent=1) + "\n")
+    line = {"command": "bench", "json": args.json_out, **summary_line(report)}
+    print(json.dumps(line))
+    return report
+
+
+def _trace(args: argparse.Namespace, context: MethodContext, input_ids, classes, settings: RunSettings,
+           config: dict, runs) -> dict:
+    """Record eagle2's steps for `moe-spec simulate` (a separate pass; see `moe_spec.experiments.trace_file`)."""
+    from moe_spec.experiments.trace_file import record_bench_trace
+
+    profile = context.profile("--trace")  # simulate's policies need one; profiled now if none is cached
+    eagle2 = build_method("eagle2", context)
+    timed = {i: r.new_ids_of(i) for r in runs if r.method == "eagle2" for i in r.prompt_indices} or None
+    return record_bench_trace(args.trace, context.target, eagle2, input_ids, classes, settings, profile,
+                              context.profile_source, dict(config), timed)
+
+
+def _profile(args: argparse.Namespace, target: TargetModel, context: MethodContext, input_ids):
+    """--profile, else the shipped / cached profile for this target and drafter, else profile now."""
+    if args.profile is not None:
+        profile = Profile.load(args.profile, target)
+        context.profile_source = args.profile
+        return profile
+    drafter = context.drafter("profile")
+    embedded = args.model is None and args.drafter == "default"
+    if not (embedded and DEFAULT_PROFILE.is_file()):
+        print("no --profile: using a cached profile of this target, or profiling it now", file=sys.stderr)
+    drafter_name = args.drafter if args.model is None else f"{model_folder(args.model)}|{args.drafter}"
+    profile, source = profile_for(target, drafter, drafter_name, [ids[0] for ids in input_ids], embedded=embedded)
+    context.profile_source = source
+    return profile
+
+
+def _config(args: argparse.Namespace, model, names: list[str], settings: RunSettings) -> dict:
+    """Everything needed to rerun the benchmark and to tell two machines apart."""
+    prompts = Path(args.prompts)
+    return {
+        "command": _command_line(args),
+        "model": str(model_folder(args.model).resolve()),
+        "drafter": args.drafter,
+        "methods": names,
+        "prompts_file": str(prompts),
+        "prompts_sha256": hashlib.sha256(prompts.read_bytes()).hexdigest(),
+        "limit_per_class": args.limit,
+        "max_new_tokens": settings.max_new_tokens,
+        "batch_size": settings.batch_size,
+        "temperature": settings.temperature,
+        "seed": settings.seed,
+        "warmup_tokens": settings.warmup_tokens,
+        "repeats": settings.repeats,
+        "dtype": args.dtype,
+        "experts_implementation": args.experts_implementation,
+        "attn_implementation": getattr(model.config, "_attn_implementation", None),
+        "threads": torch.get_num_threads(),
+        "versions": {
+            "python": platform.python_version(),
+            "torch": torch.__version__,
+            "transformers": transformers.__version__,
+            "git_commit": _git_commit(),
+        },
+        "machine": _machine(),
+    }
+
+
+def _command_line(args: argparse.Namespace) -> str:
+    parts = ["moe-spec", "bench"]
+    for flag, value in (("--model", args.model), ("--drafter", args.drafter), ("--prompts", args.prompts),
+                        ("--methods", args.methods), ("--max-new-tokens", args.max_new_tokens),
+                        ("--temperature", args.temperature), ("--seed", args.seed), ("--limit", args.limit),
+                        ("--warmup-tokens", args.warmup_tokens), ("--threads", args.threads), ("--dtype", args.dtype),
+                        ("--experts-implementation", args.experts_implementation), ("--json", args.json_out),
+                        ("--trace", args.trace)):
+        if value is not None:
+            parts += [flag, str(value)]
+    return shlex.join(parts)
+
+
+def _machine() -> dict:
+    cpu = platform.processor() or None
+    cpuinfo = Path("/proc/cpuinfo")
+    if cpuinfo.is_file():
+        for line in cpuinfo.read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    affinity = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None
+    return {
+        "platform": platform.platform(),
+        "machine": platform.machine(),
+        "cpu": cpu,
+        "cpu_count": os.cpu_count(),
+        "cpus_usable": affinity,
+        "hostname": platform.node(),
+        "executable": sys.executable,
+    }
+
+
+def _git_commit() -> str | None:
+    """HEAD of the checkout moe_spec runs from, with "-dirty" when it has local changes; None outside git."""
+    root = Path(__file__).resolve().parents[2]
+    try:
+        head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, timeout=5)
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
+                               capture_output=True, text=True, timeout=5)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    if head.returncode != 0:
+        return None
+    return head.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")

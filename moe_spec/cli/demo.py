@@ -1,0 +1,116 @@
+"""`moe-spec demo`: the embedded MoE pair, plain autoregressive decoding vs the EAGLE-2 tree
+(and moe_spec's `moe-aware` controller, driven by the pair's shipped profile).
+
+A small `moe-spec bench`: a few held-out prompts (one code, one prose, one copy-heavy; the first of
+each class in `configs/bench/heldout.jsonl`, rebuilt from the corpus so an installed package
+needs no prompt file), `ar`, `eagle2` and `moe-aware` interleaved, greedy. Prints one continuation, a table
+and a JSON line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from moe_spec.policy.registry import MethodContext, build_method
+from moe_spec.experiments.prompt_sets import build_prompt_sets
+from moe_spec.experiments.prompt_file import Prompt, load_prompts
+from moe_spec.experiments.report import build_report, format_table
+from moe_spec.experiments.runner import RunSettings, run_methods
+from moe_spec.errors import InputError
+from moe_spec.loading import DEFAULT_DRAFTER, DEFAULT_TARGET, load_drafter, load_target, load_tokenizer
+from moe_spec.profile.artifact import Profile
+from moe_spec.measure.store import DEFAULT_PROFILE
+from moe_spec.core.target import TargetModel
+
+METHODS = ("ar", "eagle2")
+PROMPT_CLASSES = ("code", "prose", "copy")
+COLUMNS = (
+    ("tok/s", "tokens_per_s", "{:.1f}"),
+    ("speedup", "speedup_vs_ar", "{:.2f}x"),
+    ("accepted length", "mean_accept_len", "{:.2f}"),
+    ("experts/layer per verify", "unique_experts_per_layer", "{:.1f}"),
+    ("draft time", "draft_share", "{:.0%}"),
+)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", default=None, help="model folder (default: the embedded target)")
+    parser.add_argument("--drafter", default="default", help="'default' (the embedded head), 'lookup' or a head folder")
+    parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument("--prompts", default=None,
+                        help="JSON-lines prompt file; the first prompt of each class, three at most "
+                             "(default: code, prose and copy prompts built from the held-out corpus)")
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's own choice)")
+
+
+def run(args: argparse.Namespace) -> dict:
+    _check_embedded_pair(args)
+    if args.threads is not None:
+        import torch
+
+        torch.set_num_threads(args.threads)
+    model = load_target(args.model)
+    tokenizer = load_tokenizer(args.model)
+    prompts = _prompts(args.prompts, tokenizer)
+    target = TargetModel(model)
+    names = METHODS
+    if args.model is None and args.drafter == "default" and DEFAULT_PROFILE.is_file():
+        names = METHODS + ("moe-aware",)  # the shipped profile of the pair drives our controller
+    context = MethodContext(target, lambda: load_drafter(args.drafter, target), lambda: Profile.load(DEFAULT_PROFILE, target))
+    methods = [build_method(name, context) for name in names]
+    input_ids = [p.input_ids(tokenizer) for p in prompts]
+    runs = run_methods(target, methods, input_ids, RunSettings(max_new_tokens=args.max_new_tokens))
+    classes = [p.prompt_class for p in prompts]
+    report = build_report(runs, names, classes, [{} for _ in prompts], config={"demo": True})
+
+    first = {r.method: r.new_ids_of(0) for r in runs if 0 in r.prompt_indices}
+    identical = all(
+        len({r.new_ids_of(i) for r in runs if i in r.prompt_indices}) == 1 for i in range(len(prompts))
+    )
+    print(f"--- {classes[0]} prompt (last lines) ---")
+    print(_tail(_decode(tokenizer, input_ids[0][0].tolist())))
+    print("--- eagle2 continuation ---")
+    print(_decode(tokenizer, list(first["eagle2"])))
+    print("---")
+    print(format_table(report["methods"], f"{len(prompts)} prompts ({', '.join(classes)}), "
+                                          f"{args.max_new_tokens} new tokens each, greedy", COLUMNS))
+    print(f"every method's output identical to ar on every prompt: {'yes' if identical else 'NO'}")
+    summary = {
+        "command": "demo",
+        "prompts": classes,
+        "identical_to_ar": identical,
+        "methods": {m: {key: f[key] for _, key, _ in COLUMNS} for m, f in report["methods"].items()},
+    }
+    print(json.dumps(summary))
+    return summary
+
+
+def _check_embedded_pair(args: argparse.Namespace) -> None:
+    missing = []
+    if args.model is None and not (DEFAULT_TARGET / "config.json").is_file():
+        missing.append(f"target {DEFAULT_TARGET}")
+    if args.drafter == "default" and not (DEFAULT_DRAFTER / "config.json").is_file():
+        missing.append(f"draft head {DEFAULT_DRAFTER}")
+    if missing:
+        raise InputError(
+            "the embedded pair is not in this install (missing " + " and ".join(missing) + "); train it with "
+            "`moe-spec train-target` and `moe-spec train-draft`, or pass --model and --drafter"
+        )
+
+
+def _prompts(path: str | None, tokenizer) -> list[Prompt]:
+    if path is not None:
+        return load_prompts(path, limit_per_class=1)[: len(PROMPT_CLASSES)]
+    if tokenizer is None:
+        raise InputError("the model folder has no tokenizer to build the demo prompts with; pass --prompts "
+                         "(a JSON-lines file with `prompt_ids`)")
+    return build_prompt_sets(tokenizer, per_class=1, seed=0, classes=PROMPT_CLASSES)
+
+
+def _decode(tokenizer, ids: list[int]) -> str:
+    return tokenizer.decode(ids) if tokenizer is not None else " ".join(map(str, ids))
+
+
+def _tail(text: str, lines: int = 6) -> str:
+    return "".join(text.splitlines(keepends=True)[-lines:])

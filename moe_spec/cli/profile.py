@@ -1,0 +1,230 @@
+"""`moe-spec profile`: measure a target on this machine and write a reusable profile.
+
+    moe-spec profile --prompts prompts.jsonl --out profile.json [--model DIR] [--drafter DIR] [--plots DIR]
+
+The prompts file holds one JSON object per line with a `prompt` string (text, encoded with the
+model's tokenizer) or a `prompt_ids` list. Progress bars go to stderr; stdout gets a summary
+table and, last, one JSON line for machines.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+from moe_spec.core.drafting import TreeBudget
+from moe_spec.errors import InputError
+from moe_spec.loading import load_drafter, load_target, load_tokenizer, model_folder
+from moe_spec.experiments.prompt_file import load_prompts
+from moe_spec.profile.artifact import Profile
+from moe_spec.measure.latency import TimingConfig
+from moe_spec.measure.profiler import ProfileSettings, build_profile
+from moe_spec.core.target import TargetModel
+
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--model", type=Path, default=None, help="target model folder (default: the embedded target)")
+    parser.add_argument(
+        "--drafter", default="default",
+        help="'default' (the embedded head), a draft head folder, or 'lookup' (the training-free n-gram drafter)",
+    )
+    parser.add_argument("--prompts", type=Path, required=True, help="JSONL file, one {\"prompt\": ...} per line")
+    parser.add_argument("--out", type=Path, required=True, help="profile JSON to write (arrays go beside it as .npz)")
+    parser.add_argument("--plots", type=Path, default=None, help="folder for PNG figures")
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's setting)")
+    parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"))
+    parser.add_argument("--experts-implementation", default="grouped_mm")
+    parser.add_argument("--evict-mb", type=int, default=512, help="buffer written before each timed run (0: warm caches)")
+    parser.add_argument(
+        "--statistic", default="min", choices=("min", "median"),
+        help="of the timed repeats (both are stored); 'min' resists load from other jobs on a shared machine",
+    )
+    parser.add_argument("--per-layer-cost", action="store_true", help="fit one expert cost per MoE layer")
+    parser.add_argument("--seed", type=int, default=0)
+    # short settings for tests and quick looks
+    parser.add_argument("--max-new-tokens", type=int, default=48, help=argparse.SUPPRESS)
+    parser.add_argument("--max-prompts", type=int, default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--repeats", type=int, default=5, help=argparse.SUPPRESS)
+    parser.add_argument("--warmup", type=int, default=1, help=argparse.SUPPRESS)
+    parser.add_argument("--grid-tokens", type=_int_list, default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--grid-experts", type=_int_list, default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--natural-trees", type=int, default=40, help=argparse.SUPPRESS)
+    parser.add_argument("--batch-sizes", type=_int_list, default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--prefix-len", type=int, default=128, help=argparse.SUPPRESS)
+    parser.add_argument("--tree-nodes", type=int, default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--tree-depth", type=int, default=None, help=argparse.SUPPRESS)
+
+
+def _int_list(text: str) -> tuple[int, ...]:
+    try:
+        values = tuple(int(v) for v in text.split(",") if v.strip())
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from error
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"expected positive integers, got {text!r}")
+    return values
+
+
+def run(args: argparse.Namespace) -> dict:
+    """Profile, write the profile (and plots), print the summary; returns the final JSON record."""
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
+    model_dir = model_folder(args.model)
+    target = TargetModel(load_target(model_dir, args.dtype, args.experts_implementation))
+    tokenizer = load_tokenizer(model_dir)
+    drafter = load_drafter(args.drafter, target)
+    drafter_description = args.drafter
+    prompts = read_prompts(args.prompts, tokenizer, target.vocab_size)
+    if args.max_prompts is not None:
+        prompts = prompts[: args.max_prompts]
+    defaults = ProfileSettings()
+    budget = None
+    if args.tree_nodes is not None or args.tree_depth is not None:
+        base = drafter.default_budget if drafter is not None else TreeBudget()
+        budget = TreeBudget(args.tree_nodes or base.max_nodes, args.tree_depth or base.max_depth, base.branching)
+    settings = ProfileSettings(
+        max_new_tokens=args.max_new_tokens,
+        candidate_budget=budget,
+        prefix_len=args.prefix_len,
+        grid_tokens=args.grid_tokens or defaults.grid_tokens,
+        grid_experts=args.grid_experts or defaults.grid_experts,
+        natural_trees=args.natural_trees,
+        batch_sizes=args.batch_sizes or defaults.batch_sizes,
+        timing=TimingConfig(args.repeats, args.warmup, args.evict_mb, args.statistic),
+        per_layer_cost=args.per_layer_cost,
+        seed=args.seed,
+    )
+    start = time.perf_counter()
+    profile = build_profile(target, drafter, prompts, settings, _tqdm_progress, drafter_description)
+    profile.details["measurement"]["model"] = str(model_dir)
+    profile.details["measurement"]["prompts_sha256"] = hashlib.sha256(args.prompts.read_bytes()).hexdigest()
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    sidecar = profile.save(args.out)
+    plots = write_plots(profile, args.plots) if args.plots is not None else []
+    print(summary_table(profile))
+    report = profile.details.get("cost_model_report", {})
+    record = {
+        "profile": str(args.out),
+        "arrays": str(sidecar),
+        "seconds": round(time.perf_counter() - start, 2),
+        "cost_model": profile.cost_model.to_dict(),
+        "heldout_median_rel_error": report.get("heldout_natural_error", {}).get("median"),
+        "heldout_p90_rel_error": report.get("heldout_natural_error", {}).get("p90"),
+        "heldout_batched_median_rel_error": report.get("heldout_batched_error", {}).get("median"),
+        "heldout_batched_p90_rel_error": report.get("heldout_batched_error", {}).get("p90"),
+        "calibration": profile.details.get("calibration"),
+        "predictor_node_recall": profile.details.get("expert_predictor", {}).get("node_recall"),
+        "plots": [str(p) for p in plots],
+    }
+    print(json.dumps(record))
+    return record
+
+
+def read_prompts(path: Path, tokenizer, vocab_size: int) -> list[torch.Tensor]:
+    """[T] long token ids per prompt of a prompt file (`moe_spec.experiments.prompt_file`), checked against the vocabulary."""
+    prompts = []
+    for number, prompt in enumerate(load_prompts(path), 1):
+        ids = prompt.input_ids(tokenizer)[0]
+        if bool(((ids < 0) | (ids >= vocab_size)).any()):
+            raise InputError(f"{path}: prompt {number} has token ids outside [0, {vocab_size})")
+        prompts.append(ids)
+    return prompts
+
+
+def _tqdm_progress(description: str, total: int):
+    bar = tqdm(total=total, desc=description, file=sys.stderr, leave=False, dynamic_ncols=True)
+
+    def tick() -> None:
+        bar.update(1)
+        if bar.n >= bar.total:
+            bar.close()
+
+    if total == 0:
+        bar.close()
+    return tick
+
+
+def write_plots(profile: Profile, folder: Path) -> list[Path]:
+    from moe_spec.profile.cost_model import CostSample
+    from moe_spec.measure import plots
+
+    folder.mkdir(parents=True, exist_ok=True)
+    written = []
+    routing = profile.details.get("routing")
+    if routing:
+        curve = routing["unique_experts_curve"]
+        real = [sum(r) / len(r) if all(v is not None for v in r) else float("nan") for r in curve["real"]]
+        random = [sum(r) / len(r) for r in curve["random"]]
+        written.append(folder / "unique_experts_vs_tokens.png")
+        plots.plot_unique_experts(curve["sizes"], real, random, profile.fingerprint["num_experts"], written[-1])
+    latency = profile.details["latency"]
+    if latency["grid"]:
+        written.append(folder / "latency_heatmap.png")
+        plots.plot_latency_heatmap(latency["grid"], written[-1], latency.get("statistic", "min"))
+    num_layers = profile.cost_model.num_layers
+    fitted = [CostSample(p["T"], (p["U"],) * num_layers, p["ms"]) for p in latency["grid"]]
+    fitted += [CostSample(n["T"], tuple(n["U"]), n["ms"]) for n in latency["natural_trees"] if n["split"] == "fit"]
+    held_out = [CostSample(n["T"], tuple(n["U"]), n["ms"]) for n in latency["natural_trees"] if n["split"] == "heldout"]
+    batched = latency.get("batched_passes", [])
+    fitted += [CostSample(p["T"], tuple(p["U"]), p["ms"], p["B"]) for p in batched if p["split"] == "batch-fit"]
+    held_out_batched = [CostSample(p["T"], tuple(p["U"]), p["ms"], p["B"]) for p in batched if p["split"] == "batch-heldout"]
+    written.append(folder / "cost_model_residuals.png")
+    plots.plot_residuals(profile.cost_model, fitted, held_out, held_out_batched, written[-1])
+    if "routing_load" in profile.arrays:
+        load = profile.arrays["routing_load"]
+        written.append(folder / "expert_load.png")
+        plots.plot_expert_load(load / load.sum(axis=1, keepdims=True).clip(min=1), written[-1])
+    return written
+
+
+def summary_table(profile: Profile) -> str:
+    d = profile.details
+    cm = profile.cost_model
+    rows = [("target", f"{profile.fingerprint['model_type']}  {profile.fingerprint['num_parameters'] / 1e6:.1f}M params  "
+                       f"{profile.fingerprint['dtype']}  {d['measurement']['experts_implementation']}"),
+            ("hardware", f"{profile.hardware['cpu']}  threads={profile.hardware['torch_threads']}  "
+                         f"cold={d['measurement']['cold_weights']}")]
+    dec = d["decoding"]
+    if dec.get("steps"):
+        rows.append(("decoding", f"{dec['steps']} steps  candidate nodes {dec['mean_candidate_nodes']:.1f}  "
+                                 f"accept len {dec['mean_accept_len']:.2f}  verify {dec['mean_verify_ms']:.1f} ms"))
+    experts = ", ".join(f"{v:.4f}" for v in cm.per_expert_ms)
+    rows.append(("cost model", f"{cm.base_ms:.3f} ms + {cm.per_row_ms:.3f} ms/extra row + {cm.per_token_ms:.4f} ms/token "
+                               f"+ [{experts}] ms/expert-layer"))
+    report = d["cost_model_report"]
+    held = report["heldout_natural_error"]
+    if held["n"]:
+        rows.append(("cost error", f"held-out natural trees (n={held['n']}): median {held['median']:.1%}  p90 {held['p90']:.1%}  "
+                                   f"R2 {report['r2_fit']:.3f} (tokens only {report['r2_tokens_only']:.3f})"))
+    batched = report.get("heldout_batched_error", {"n": 0})
+    if batched["n"]:
+        without = report["heldout_batched_error_without_row_term"]
+        rows.append(("batched error", f"held-out batched passes (n={batched['n']}): median {batched['median']:.1%}  "
+                                      f"p90 {batched['p90']:.1%}  (no row term: {without['median']:.1%}, {without['p90']:.1%})"))
+    if "calibration" in d:
+        c = d["calibration"]
+        rows.append(("calibration", f"ECE path raw {c['raw_path_ece']:.3f} -> {c['calibrated_path_ece']:.3f}  "
+                                    f"per step: raw sum {c['raw_sum_per_step']:.2f}, calibrated {c['calibrated_sum_per_step']:.2f}, "
+                                    f"accepted {c['accepted_per_step']:.2f}"))
+    if "expert_predictor" in d:
+        p = d["expert_predictor"]
+        recall = " ".join(f"{v:.2f}" for v in p["node_recall"])
+        rows.append(("predictor", f"node recall per layer {recall}  (chance {p['chance_recall']:.2f})"))
+    if "routing" in d:
+        curve = d["routing"]["unique_experts_curve"]
+        real = [f"{sum(r) / len(r):.1f}" if all(v is not None for v in r) else "-" for r in curve["real"]]
+        random = [f"{sum(r) / len(r):.1f}" for r in curve["random"]]
+        rows.append(("unique experts", f"T={curve['sizes']}  trees {real}  random {random}"))
+    if "draft_cost" in d:
+        dc = d["draft_cost"]
+        rows.append(("draft cost", f"{dc['base_ms']:.3f} ms + {dc['per_depth_ms']:.3f} ms/depth + {dc['per_node_ms']:.4f} ms/node"))
+    width = max(len(k) for k, _ in rows)
+    return "\n".join(f"{k.ljust(width)}  {v}" for k, v in rows)

@@ -1,0 +1,185 @@
+"""`moe-spec simulate`: replay a `bench --trace` under other cost models. A SIMULATION, not a measurement.
+
+    moe-spec bench --prompts configs/bench/heldout.jsonl --methods ar,eagle2 --trace runs/trace.jsonl
+    moe-spec simulate --trace runs/trace.jsonl --cost-model profile,analytic:pcie-offload \\
+        --per-expert-scale 1,2,4,8 --json runs/simulate.json
+
+`--cost-model` takes a comma-separated list of `profile` (the profile's measured model),
+`analytic:DEVICE` (see `analytic_cost.DEVICES`) or a JSON file holding a cost model
+(`CostModel.to_dict`); each is run at every `--per-expert-scale` S (per-expert cost times S). Prints
+one table per cost model and scale, then one JSON line; `--json` writes everything, `--plots` draws
+speedup against S. See `replay.py` for what is and is not modelled.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from dataclasses import replace
+from pathlib import Path
+
+from moe_spec.experiments.report import format_table
+from moe_spec.profile.cost_model import CostModel
+from moe_spec.errors import InputError
+from moe_spec.experiments.analytic_cost import DEVICES, ModelShapes, analytic_cost_model, analytic_terms, scaled_expert_cost
+from moe_spec.experiments.replay import (
+    DEFAULT_POLICIES, DRAFT_TIMES, check_greedy_trace, draft_factor, parse_policies, recorded_step, simulate, summarise,
+)
+from moe_spec.experiments.trace_file import Trace, read_trace
+
+LABEL = "SIMULATION"
+NOTE = ("SIMULATION: verify times are predicted by the cost model named, on the routing recorded in the trace; "
+        "not measured. Policies replay EAGLE-2's recorded steps with online corrections off.")
+COLUMNS = (
+    ("sim tok/s", "tokens_per_s", "{:.1f}"),
+    ("sim speedup", "speedup_vs_ar", "{:.2f}x"),
+    ("accept", "mean_accept_len", "{:.2f}"),
+    ("tree", "mean_tree_size", "{:.1f}"),
+    ("sim verify ms", "verify_ms", "{:.4g}"),
+    ("draft ms", "draft_ms", "{:.4g}"),
+    ("experts/layer", "unique_experts_per_layer", "{:.1f}"),
+    ("loads/token", "expert_loads_per_token", "{:.1f}"),
+)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--trace", required=True, help="JSON-lines trace written by `moe-spec bench --trace`")
+    parser.add_argument("--profile", default=None, help="profile JSON (default: the one copied beside the trace)")
+    parser.add_argument("--cost-model", default="profile",
+                        help="comma-separated: profile, analytic:DEVICE (" + ", ".join(DEVICES) + ") or a cost-model JSON file")
+    parser.add_argument("--per-expert-scale", type=_scales, default=(1.0,),
+                        help="comma-separated factors for the per-expert cost, e.g. 1,2,4,8")
+    parser.add_argument("--policies", default=",".join(DEFAULT_POLICIES),
+                        help="comma-separated: ar, eagle2, static:N, static-best, truncate, moe-aware, moe-aware-noexperts")
+    parser.add_argument("--model", default=None, help="model folder whose config.json gives the shapes for analytic "
+                                                       "cost models (default: the traced model)")
+    parser.add_argument("--context-tokens", type=int, default=None,
+                        help="KV-cache length for analytic cost models (default: the trace's mean prefix length)")
+    parser.add_argument("--bytes-per-param", type=float, default=None,
+                        help="weight bytes per parameter for analytic cost models (default: the device's, bf16)")
+    parser.add_argument("--draft-time", default="scaled", choices=DRAFT_TIMES,
+                        help="scaled: recorded draft time times the simulated / profiled non-expert cost (default); "
+                             "recorded: as measured; zero: free drafting")
+    parser.add_argument("--json", dest="json_out", default=None, help="write the full simulation report here")
+    parser.add_argument("--plots", default=None, help="folder for PNG figures (speedup against per-expert scale)")
+
+
+def _scales(text: str) -> tuple[float, ...]:
+    try:
+        values = tuple(float(v) for v in text.split(",") if v.strip())
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}") from error
+    if not values or min(values) <= 0:
+        raise argparse.ArgumentTypeError(f"expected positive numbers, got {text!r}")
+    return values
+
+
+def run(args: argparse.Namespace) -> dict:
+    policies = parse_policies(args.policies)
+    trace = read_trace(args.trace)
+    if trace.greedy:
+        check_greedy_trace(trace)
+    profile = trace.profile(args.profile)
+    results = []
+    for base, terms in cost_models(args.cost_model, trace, profile, args):
+        for scale in args.per_expert_scale:
+            cost = scaled_expert_cost(base, scale)
+            replays = simulate(trace, profile, cost, policies, args.draft_time)
+            results.append({"cost_model": cost.to_dict(), "per_expert_scale": scale, "analytic_terms": terms,
+                            "draft_time": args.draft_time,
+                            "draft_time_factor": round(draft_factor(args.draft_time, cost, profile.cost_model), 6),
+                            "policies": {name: r.figures for name, r in replays.items()}})
+    recorded = summarise([recorded_step(step) for step in trace.steps])
+    report = {
+        "simulation": True,
+        "note": NOTE,
+        "acceptance": "exact (greedy trace)" if trace.greedy else "approximate (sampled trace: recorded path cut to the subtree)",
+        "trace": str(args.trace),
+        "trace_method": trace.header.get("method"),
+        "steps": len(trace.steps),
+        "prompts": len({s.prompt_index for s in trace.steps}),
+        "recorded": {"eagle2": recorded, "note": "measured on the tracing machine, for comparison (not simulated)"},
+        "results": results,
+    }
+    print(format_report(report))
+    if args.json_out is not None:
+        out = Path(args.json_out)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(report, indent=1) + "\n")
+    if args.plots is not None:
+        from moe_spec.experiments.simulate_plots import plot_speedup_vs_scale
+
+        report["plots"] = [str(p) for p in plot_speedup_vs_scale(report, Path(args.plots))]
+    line = {
+        "command": "simulate", "simulation": True, "json": args.json_out,
+        "results": [{"cost_model": r["cost_model"]["source"], "per_expert_scale": r["per_expert_scale"],
+                     "speedup_vs_ar": {name: f["speedup_vs_ar"] for name, f in r["policies"].items()}} for r in results],
+    }
+    print(json.dumps(line))
+    return report
+
+
+def cost_models(spec: str, trace: Trace, profile, args: argparse.Namespace) -> list[tuple[CostModel, dict | None]]:
+    """(cost model, analytic terms or None) for each entry of `--cost-model`."""
+    models = []
+    for entry in [e.strip() for e in spec.split(",") if e.strip()]:
+        if entry == "profile":
+            models.append((profile.cost_model, None))
+        elif entry.startswith("analytic:"):
+            models.append(_analytic(entry.removeprefix("analytic:"), trace, profile, args))
+        else:
+            models.append((_cost_model_file(Path(entry), profile), None))
+    if not models:
+        raise InputError("no cost model given; e.g. --cost-model profile,analytic:pcie-offload")
+    return models
+
+
+def _analytic(name: str, trace: Trace, profile, args: argparse.Namespace) -> tuple[CostModel, dict]:
+    from transformers import AutoConfig
+
+    from moe_spec.loading import model_folder
+
+    if name not in DEVICES:
+        raise InputError(f"unknown device {name!r} for an analytic cost model; known: {', '.join(DEVICES)}")
+    device = DEVICES[name] if args.bytes_per_param is None else replace(DEVICES[name], bytes_per_param=args.bytes_per_param)
+    folder = args.model or trace.header.get("bench_config", {}).get("model")
+    if folder is None:
+        raise InputError("the trace names no model folder; pass --model for the analytic cost model's shapes")
+    shapes = ModelShapes.from_config(AutoConfig.from_pretrained(model_folder(folder)), profile.cost_model.num_layers)
+    context = args.context_tokens
+    if context is None:
+        context = round(sum(s.prefix_len for s in trace.steps) / len(trace.steps))
+    return analytic_cost_model(shapes, device, context), analytic_terms(shapes, device, context)
+
+
+def _cost_model_file(path: Path, profile) -> CostModel:
+    try:
+        cost = CostModel.from_dict(json.loads(path.read_text()))
+    except OSError as error:
+        raise InputError(f"--cost-model {path}: not 'profile', 'analytic:DEVICE' or a readable file ({error.strerror})") from None
+    except (json.JSONDecodeError, KeyError, TypeError, ValueError) as error:
+        raise InputError(f"--cost-model {path}: not a cost model JSON ({type(error).__name__}: {error})") from None
+    if cost.num_layers != profile.cost_model.num_layers:
+        raise InputError(f"--cost-model {path} has {cost.num_layers} MoE layers, the traced target {profile.cost_model.num_layers}")
+    return cost
+
+
+def format_report(report: dict) -> str:
+    recorded = report["recorded"]["eagle2"]
+    lines = [
+        f"=== {LABEL} === {report['steps']} recorded {report['trace_method']} steps over {report['prompts']} prompts "
+        f"from {report['trace']}; acceptance {report['acceptance']}",
+        NOTE,
+        f"recorded on the tracing machine (measured, decode only): eagle2 {recorded['tokens_per_s']:.1f} tok/s, "
+        f"accept {recorded['mean_accept_len']:.2f}, verify {recorded['verify_ms']:.3f} ms, draft {recorded['draft_ms']:.3f} ms",
+    ]
+    for result in report["results"]:
+        cost = result["cost_model"]
+        experts = ", ".join(f"{v:.4g}" for v in cost["per_expert_ms"])
+        title = (f"{LABEL} | cost model {cost['source']}: {cost['base_ms']:.4g} ms + {cost['per_token_ms']:.4g} ms/token "
+                 f"+ [{experts}] ms/expert-layer")
+        title += f"; draft time {result['draft_time']} (x{result['draft_time_factor']:.4g})"
+        table = format_table(result["policies"], title, COLUMNS)
+        best = result["policies"].get("static-best", {}).get("budget")
+        lines += ["", table + (f"\n(static-best = {best})" if best else "")]
+    return "\n".join(lines)

@@ -1,0 +1,68 @@
+"""The shapes of a batched verify pass, as pure functions.
+
+Every row's committed tokens sit right-aligned in the shared cache: row b's S_b tokens fill the
+last S_b of the P cached columns, and `valid [B, P]` marks them. A step appends each row's tree
+(padded to the widest tree with copies of the row's root, see `step_inputs`) and then keeps, per row, its
+committed columns plus its accepted path, right-aligned again in a cache of the new width.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from moe_spec.core.tree import DraftTree, ancestor_mask
+
+
+def prefill_inputs(prompts: list[torch.Tensor], pad_token: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Left-padded prompts as one causal pass: input_ids [B, T], tree_mask [B, T, T], position_ids [B, T],
+    valid [B, T] (the columns holding real tokens)."""
+    width = max(p.numel() for p in prompts)
+    batch = len(prompts)
+    input_ids = torch.full((batch, width), pad_token, dtype=torch.long)
+    valid = torch.zeros(batch, width, dtype=torch.bool)
+    for row, prompt in enumerate(prompts):
+        input_ids[row, width - prompt.numel():] = prompt
+        valid[row, width - prompt.numel():] = True
+    causal = torch.tril(torch.ones(width, width, dtype=torch.bool))
+    tree_mask = (causal[None] & valid[:, None, :]) | torch.eye(width, dtype=torch.bool)[None]  # pads see themselves
+    position_ids = (valid.long().cumsum(1) - 1).clamp(min=0)
+    return input_ids, tree_mask, position_ids, valid
+
+
+def step_inputs(trees: list[DraftTree], lengths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Rows' trees padded to one width: input_ids [B, N], tree_mask [B, N, N], position_ids [B, N].
+
+    lengths: [B] long, each row's committed tokens (its next position). A padding slot is a copy of
+    its row's root: same token, same position, seeing the row's prefix and itself. Its hidden states
+    are then the root's, so it routes to the root's experts and a batch's padding loads no expert
+    the rows do not load anyway (it still costs its token's compute). Nothing reads its outputs and
+    no node sees it; compaction drops its cache column.
+    """
+    width = max(len(t) for t in trees)
+    batch = len(trees)
+    input_ids = torch.stack([t.tokens[:1] for t in trees]).repeat(1, width)  # [B, N]: every slot the root
+    tree_mask = torch.eye(width, dtype=torch.bool).repeat(batch, 1, 1)
+    position_ids = lengths[:, None].repeat(1, width).clone()
+    for row, tree in enumerate(trees):
+        n = len(tree)
+        input_ids[row, :n] = tree.tokens
+        tree_mask[row, :n, :n] = ancestor_mask(tree)
+        position_ids[row, :n] = lengths[row] + tree.depths
+    return input_ids, tree_mask, position_ids
+
+
+def compaction(valid: torch.Tensor, tree_width: int, paths: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
+    """After a pass over P cached columns plus `tree_width` tree columns: index [B, P'] of the columns
+    each row keeps (right-aligned; left filler points at column 0 and is invalid) and the new valid [B, P']."""
+    prefix = valid.shape[1]
+    kept = []
+    for row, path in enumerate(paths):
+        committed = valid[row].nonzero().flatten()
+        kept.append(torch.cat([committed, prefix + torch.tensor(path, dtype=torch.long)]))
+    width = max(k.numel() for k in kept)
+    index = torch.zeros(len(paths), width, dtype=torch.long)
+    new_valid = torch.zeros(len(paths), width, dtype=torch.bool)
+    for row, columns in enumerate(kept):
+        index[row, width - columns.numel():] = columns
+        new_valid[row, width - columns.numel():] = True
+    return index, new_valid

@@ -1,0 +1,128 @@
+"""What the engine asks of a drafter, and the budget a controller gives it.
+
+The engine drafts every row of a batch in one call (`BatchDrafter`; a single prompt is a batch of
+one). A drafter that batches its own work (`EagleDrafter`: one head forward per tree depth for all
+rows) implements `BatchDrafter` through `for_batch`; a simpler per-sequence `Drafter` (the lookup
+drafter) runs one `spawn()`ed copy per row behind `PerRowDrafters`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+
+from moe_spec.core.sampling import SamplingConfig
+from moe_spec.core.tree import DraftTree
+from moe_spec.errors import InputError
+
+
+@dataclass(frozen=True)
+class TreeBudget:
+    """How large a candidate tree a drafter may build (EAGLE-2's defaults: 60 nodes, depth 5, top-10)."""
+
+    max_nodes: int = 60  # drafted nodes, root excluded
+    max_depth: int = 5
+    branching: int = 10  # children expanded per node
+
+    def __post_init__(self):
+        if self.max_nodes < 0 or self.max_depth < 0 or self.branching < 1:
+            raise ValueError(f"invalid tree budget {self}")
+
+    def capped(self, max_depth: int) -> "TreeBudget":
+        return TreeBudget(self.max_nodes, min(self.max_depth, max_depth), self.branching)
+
+    def with_nodes(self, max_nodes: int) -> "TreeBudget":
+        """This budget's depth and branching with another node count (`static:N`)."""
+        return TreeBudget(max_nodes, self.max_depth, self.branching)
+
+    @property
+    def drafts_nothing(self) -> bool:
+        return self.max_nodes == 0 or self.max_depth == 0
+
+
+EAGLE2_BUDGET = TreeBudget(max_nodes=60, max_depth=5, branching=10)  # EAGLE-2's published default, defined once
+NO_DRAFT = TreeBudget(0, 0, 1)  # a plain autoregressive step
+
+
+class Drafter(Protocol):
+    """A per-sequence drafter: proposes draft trees for one row and learns what the target committed.
+
+    The engine calls `begin` once after prefill, then per step `propose` (a tree rooted at the
+    pending token, whose key/value is not yet in the target's cache) and `commit` (the tokens the
+    step wrote into the target's cache: the root and the accepted drafts, with their target
+    features). `spawn` gives a fresh copy for another row of a batch.
+    """
+
+    default_budget: TreeBudget
+
+    def begin(self, prompt: torch.Tensor, features: torch.Tensor) -> None:
+        """prompt: [T] long; features: [T, S, D] target hidden states of the prompt tokens."""
+
+    def propose(self, root_token: int, budget: TreeBudget, sampling: SamplingConfig) -> DraftTree:
+        """A draft tree whose node 0 holds `root_token`."""
+
+    def commit(self, tokens: torch.Tensor, features: torch.Tensor) -> None:
+        """tokens: [A] long now in the target's cache; features: [A, S, D] their hidden states."""
+
+    def spawn(self) -> "Drafter":
+        """A fresh drafter sharing this one's weights and settings, for another row of a batch."""
+
+
+class BatchDrafter(Protocol):
+    """What the engine talks to: a drafter for B rows at once; lists hold one entry per row."""
+
+    default_budget: TreeBudget
+
+    def begin(self, prompts: Sequence[torch.Tensor], features: Sequence[torch.Tensor]) -> None:
+        """prompts[b]: [T_b] long; features[b]: [T_b, S, D]."""
+
+    def propose(self, roots: Sequence[int], budget: TreeBudget, max_depths: Sequence[int],
+                sampling: SamplingConfig) -> list[DraftTree]:
+        """Row b's tree rooted at roots[b], at most max_depths[b] deep (0: the root alone)."""
+
+    def commit(self, tokens: Sequence[torch.Tensor], features: Sequence[torch.Tensor]) -> None:
+        """tokens[b]: [A_b] long now in the target's cache; features[b]: [A_b, S, D]."""
+
+    def keep_rows(self, rows: Sequence[int]) -> None:
+        """Drop every row not listed (finished rows leave the batch); the order is kept."""
+
+
+class PerRowDrafters:
+    """`BatchDrafter` over one per-sequence `Drafter` per row, called row by row."""
+
+    def __init__(self, drafters: Sequence[Drafter]):
+        self.drafters = list(drafters)
+        self.default_budget = self.drafters[0].default_budget
+
+    def begin(self, prompts, features) -> None:
+        for drafter, prompt, feature in zip(self.drafters, prompts, features):
+            drafter.begin(prompt, feature)
+
+    def propose(self, roots, budget, max_depths, sampling) -> list[DraftTree]:
+        return [
+            drafter.propose(root, budget.capped(depth), sampling) if depth > 0 else DraftTree.root_only(root)
+            for drafter, root, depth in zip(self.drafters, roots, max_depths)
+        ]
+
+    def commit(self, tokens, features) -> None:
+        for drafter, token, feature in zip(self.drafters, tokens, features):
+            drafter.commit(token, feature)
+
+    def keep_rows(self, rows) -> None:
+        self.drafters = [self.drafters[i] for i in rows]
+
+
+def batch_drafter(drafter, batch: int) -> BatchDrafter:
+    """The drafter for `batch` rows: its own batched form if it has one (`for_batch`), else copies
+    of it per row."""
+    if batch > 1 and hasattr(drafter, "for_batch"):
+        return drafter.for_batch(batch)
+    if batch == 1:
+        return PerRowDrafters([drafter])
+    spawn = getattr(drafter, "spawn", None)
+    if spawn is None:
+        raise InputError(f"{type(drafter).__name__} cannot draft for a batch (it has no spawn()); pass one prompt")
+    return PerRowDrafters([drafter] + [spawn() for _ in range(batch - 1)])

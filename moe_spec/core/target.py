@@ -1,0 +1,131 @@
+"""The narrow interface moe_spec needs from a Hugging Face causal LM.
+
+`TargetModel.forward_tree` runs one verification forward: a cached prefix plus N new tokens
+whose visibility is given by a tree mask. It passes the model's own forward a float additive
+4D mask `[B, 1, N, P + N]` (a bool mask is silently wrong under eager attention) and
+`position_ids = P + depth`, and returns the logits, the hidden states a drafter needs and the
+routing of the N tokens. Sliding-window layers (GPT-OSS) get the dict form of the mask with
+the window applied, since moe_spec keeps full caches (see `kv_cache.py`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from transformers import DynamicCache, PreTrainedModel
+
+from moe_spec.core.architectures import ArchitectureSpec, architecture_of
+from moe_spec.errors import UnsupportedArchitectureError
+from moe_spec.core.routing import Routing, RoutingRecorder, find_routers
+
+_MASKABLE_ATTENTION = ("eager", "sdpa")
+
+
+@dataclass(frozen=True)
+class TargetOutput:
+    logits: torch.Tensor  # [B, N, V]
+    features: torch.Tensor  # [B, N, S, D]: hidden states of the S feature layers
+    routing: Routing  # experts [L, B*N, K], tokens in row-major (b, n) order
+
+
+def default_feature_layers(num_layers: int) -> tuple[int, ...]:
+    """Low, middle and last hidden states, as EAGLE-3 fuses them (indices into `hidden_states`)."""
+    return tuple(sorted({min(2, num_layers), max(num_layers // 2, 1), num_layers}))
+
+
+class TargetModel:
+    """A transformers causal LM seen through the one operation speculative decoding needs."""
+
+    def __init__(self, model: PreTrainedModel, feature_layers: tuple[int, ...] | None = None):
+        self.spec: ArchitectureSpec = architecture_of(model)
+        attention = getattr(model.config, "_attn_implementation", None) or "eager"
+        if attention not in _MASKABLE_ATTENTION:
+            raise UnsupportedArchitectureError(
+                f"attention implementation {attention!r} cannot take a tree mask; load the model with "
+                f"attn_implementation in {_MASKABLE_ATTENTION}"
+            )
+        if self.spec.needs_eager_attention and attention != "eager":
+            raise UnsupportedArchitectureError(
+                f"{self.spec.model_type} must run with attn_implementation='eager' (got {attention!r})"
+            )
+        self.model = model
+        self.config = model.config.get_text_config(decoder=True)
+        self.num_layers = int(self.config.num_hidden_layers)
+        self.feature_layers = feature_layers or default_feature_layers(self.num_layers)
+        if max(self.feature_layers) > self.num_layers or min(self.feature_layers) < 0:
+            raise ValueError(f"feature layers {self.feature_layers} outside 0..{self.num_layers}")
+        self.routers = find_routers(model, self.spec)
+        self.vocab_size = int(model.get_input_embeddings().num_embeddings)
+        self.max_positions = int(getattr(self.config, "max_position_embeddings", 0) or 0) or None
+        self.sliding_window = getattr(self.config, "sliding_window", None) if self.spec.has_sliding_layers else None
+
+    @property
+    def device(self) -> torch.device:
+        return self.model.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.model.dtype
+
+    @property
+    def is_moe(self) -> bool:
+        return bool(self.routers)
+
+    @property
+    def num_experts(self) -> int:
+        return self.routers[0].num_experts if self.routers else 0
+
+    @property
+    def top_k(self) -> int:
+        return self.routers[0].top_k if self.routers else 0
+
+    @property
+    def moe_layers(self) -> tuple[int, ...]:
+        return tuple(r.layer for r in self.routers)
+
+    def new_cache(self) -> DynamicCache:
+        return DynamicCache()
+
+    @torch.no_grad()
+    def forward_tree(
+        self,
+        cache: DynamicCache,
+        input_ids: torch.Tensor,  # [B, N] long
+        tree_mask: torch.Tensor,  # [B, N, N] bool: node i sees node j
+        position_ids: torch.Tensor,  # [B, N] long
+        prefix_valid: torch.Tensor | None = None,  # [B, P] bool: cached positions a row may see
+    ) -> TargetOutput:
+        batch, n = input_ids.shape
+        prefix_len = cache.get_seq_length()
+        if prefix_valid is None:
+            prefix_valid = torch.ones(batch, prefix_len, dtype=torch.bool)
+        if prefix_valid.shape != (batch, prefix_len):
+            raise ValueError(f"prefix_valid has shape {tuple(prefix_valid.shape)}, expected {(batch, prefix_len)}")
+        visible = torch.cat([prefix_valid[:, None, :].expand(batch, n, prefix_len), tree_mask], dim=-1)  # [B, N, P+N]
+        attention_mask = self._additive(visible)
+        if self.sliding_window is not None:
+            key_positions = torch.cat([prefix_valid.long().cumsum(-1) - 1, position_ids.cpu()], dim=-1)  # [B, P+N]
+            in_window = (position_ids.cpu()[:, :, None] - key_positions[:, None, :]) < self.sliding_window
+            attention_mask = {
+                "full_attention": attention_mask,
+                "sliding_attention": self._additive(visible & in_window),
+            }
+        device = self.device
+        with RoutingRecorder(self.model, self.spec) as recorder:
+            out = self.model(
+                input_ids=input_ids.to(device),
+                attention_mask=attention_mask,
+                position_ids=position_ids.to(device),
+                past_key_values=cache,
+                use_cache=True,
+                output_hidden_states=True,
+            )
+        features = torch.stack([out.hidden_states[i] for i in self.feature_layers], dim=2)  # [B, N, S, D]
+        return TargetOutput(logits=out.logits, features=features, routing=recorder.routing())
+
+    def _additive(self, visible: torch.Tensor) -> torch.Tensor:
+        """[B, N, K] bool -> [B, 1, N, K] float mask: 0 where visible, dtype-min elsewhere."""
+        mask = torch.zeros(visible.shape, dtype=self.dtype)
+        mask.masked_fill_(~visible, torch.finfo(self.dtype).min)
+        return mask[:, None].to(self.device)

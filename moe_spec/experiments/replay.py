@@ -1,0 +1,256 @@
+"""Replaying traced steps under a cost model: what each policy would verify, accept and pay.
+
+For every recorded step (an EAGLE-2 candidate tree with the target's argmax and routing at each
+node) and every policy:
+
+1. the policy's own controller chooses the subtree to verify (`StaticController`,
+   `TruncateController`, `MoeAwareController`, built as `moe-spec bench` builds them), with the
+   *simulated* cost model in the profile's place: `moe-aware` keeps the profile's calibration and
+   expert predictor and prices nodes with the simulated coefficients; `truncate` feeds its
+   token-count curve (the profile's unique-experts curve) through the simulated model. Online
+   corrections are OFF (`adapt=False`): each step is decided by the profile's prior alone, since a
+   correction learnt from this machine's timings says nothing about the simulated one;
+2. the accepted path is scored from the recorded argmax with `accept_greedy` on the chosen subtree,
+   which is exact for a greedy trace (a node's argmax depends only on the tokens above it). For a
+   sampled trace it is the recorded accepted path cut where it leaves the subtree: an
+   approximation, flagged in the results;
+3. the verify pass costs `cost.predict_ms(|S|, U)` with U[l] the distinct experts layer l loads for
+   the chosen nodes S according to their *recorded* routing;
+4. the draft time is added: by default (`scaled`) the recorded one (EAGLE-2 drafting its full
+   candidate tree) times the ratio of the simulated to the profiled cost of the target's non-expert
+   work, (base_ms + per_token_ms) / (base_ms' + per_token_ms'), since a draft head is a small dense
+   model that speeds up or slows down with the device, not with expert loading. Under the profile's
+   own model and its per-expert scalings that ratio is 1: the recorded time. `recorded` keeps it
+   always, `zero` drops it (free drafting, an upper bound). Policies see the same draft time when
+   they choose.
+
+`ar` produces one token per step at `cost.predict_ms(1, U_root)`, U_root the root's own experts.
+Figures cover decode steps only (no prefill), totals over steps, as in `bench/report.py`.
+
+Not modelled: each policy replays EAGLE-2's trajectory (the prefix a step starts from is the one
+EAGLE-2 reached, not the one the policy would have); every policy pays EAGLE-2's draft time, though
+`static:N` and `moe-aware` draft smaller trees in a real run; `moe-aware` chooses from the full
+60-node tree, while in a real run it sizes its candidate tree from recent steps.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+
+import torch
+
+from moe_spec.core.acceptance import accept_greedy
+from moe_spec.policy.registry import EAGLE2_BUDGET, STATIC_BEST, STATIC_GRID, split_name
+from moe_spec.core.control import Controller
+from moe_spec.policy.static import StaticController
+from moe_spec.policy.cost_aware import MoeAwareController, TruncateController, token_count_cost
+from moe_spec.profile.cost_model import CostModel
+from moe_spec.core.drafting import TreeBudget
+from moe_spec.errors import InputError
+from moe_spec.profile.artifact import Profile
+from moe_spec.experiments.trace_file import Trace, TraceError, TraceStep
+from moe_spec.core.tree import DraftTree
+
+AR = "ar"
+DRAFT_TIMES = ("scaled", "recorded", "zero")
+DEFAULT_POLICIES = (AR, "eagle2", STATIC_BEST, "truncate", "moe-aware", "moe-aware-noexperts")
+
+
+def _static(arg: str | None, profile: Profile) -> Controller:
+    if arg is None or not arg.isdigit() or int(arg) < 1:
+        raise InputError(f"policy 'static' needs a node budget >= 1, e.g. static:16 (got {arg!r})")
+    return StaticController(TreeBudget(int(arg), EAGLE2_BUDGET.max_depth, EAGLE2_BUDGET.branching))
+
+
+def _truncate(arg: str | None, profile: Profile) -> Controller:
+    try:
+        token_cost = token_count_cost(profile)
+    except ValueError as error:
+        raise InputError(f"policy 'truncate' needs the profile's unique-experts curve: {error}") from None
+    return TruncateController(profile, token_cost, adapt=False, budget=EAGLE2_BUDGET)
+
+
+# policy -> (argument, profile with the simulated cost model) -> controller; the same constructors
+# and budgets as `moe_spec.policy.registry`, with online corrections off
+POLICIES: dict[str, Callable[[str | None, Profile], Controller]] = {
+    "eagle2": lambda arg, profile: StaticController(EAGLE2_BUDGET),
+    "static": _static,
+    "truncate": _truncate,
+    "moe-aware": lambda arg, profile: MoeAwareController(profile, adapt=False),
+    "moe-aware-noexperts": lambda arg, profile: MoeAwareController(profile, price_experts=False, adapt=False),
+}
+
+
+def parse_policies(spec: str) -> list[str]:
+    names = [name.strip() for name in spec.split(",") if name.strip()]
+    if not names:
+        raise InputError("no policies given; e.g. --policies ar,eagle2,moe-aware")
+    for name in names:
+        base, arg = split_name(name)
+        if name not in (AR, STATIC_BEST) and base not in POLICIES:
+            raise InputError(f"unknown policy {name!r}; known: {', '.join([AR, *POLICIES, STATIC_BEST])} (static as static:N)")
+        if base in ("eagle2", "truncate", "moe-aware", "moe-aware-noexperts") and arg is not None:
+            raise InputError(f"policy {base!r} takes no argument, got {name}")
+    return list(dict.fromkeys(names))
+
+
+@dataclass(frozen=True)
+class ReplayedStep:
+    keep: tuple[int, ...]  # verified nodes, as indices into the traced tree (root first)
+    tokens: int  # produced: accepted drafts + the bonus token
+    verify_ms: float  # simulated
+    draft_ms: float  # recorded
+    unique_experts: tuple[int, ...]  # [L] distinct experts per MoE layer over `keep`, from recorded routing
+
+
+def unique_experts(step: TraceStep, keep: Sequence[int]) -> tuple[int, ...]:
+    """[L] distinct experts each MoE layer loads for nodes `keep`, from the recorded routing."""
+    chosen = step.experts[:, list(keep)]  # [L, |S|, K]
+    return tuple(int(torch.unique(layer).numel()) for layer in chosen)
+
+
+def subtree_indices(tree: DraftTree, chosen: DraftTree) -> list[int]:
+    """The node indices of `tree` making up `chosen`, a `tree.subtree(...)` returned by a controller.
+
+    `subtree` keeps node order, so chosen node j is the first child of its (mapped) parent after
+    chosen node j - 1 with the same token and score.
+    """
+    children: list[list[int]] = [[] for _ in range(len(tree))]
+    for node, parent in enumerate(tree.parents.tolist()[1:], start=1):
+        children[parent].append(node)
+    tokens, scores = tree.tokens.tolist(), tree.scores.tolist()
+    index = [0]
+    for j, (token, score, parent) in enumerate(zip(chosen.tokens.tolist(), chosen.scores.tolist(), chosen.parents.tolist())):
+        if j == 0:
+            continue
+        match = next((c for c in children[index[parent]] if c > index[-1] and tokens[c] == token and scores[c] == score), None)
+        if match is None:
+            raise TraceError("a policy returned a tree that is not a subtree of the traced candidates")
+        index.append(match)
+    return index
+
+
+def accepted_tokens(step: TraceStep, keep: Sequence[int], greedy: bool) -> int:
+    """Tokens the step produces when only `keep` is verified (see module docstring, point 2)."""
+    if greedy:
+        keep = list(keep)
+        vocabulary = int(max(step.argmax.max(), step.tree.tokens.max())) + 1
+        logits = torch.nn.functional.one_hot(step.argmax[keep], vocabulary).float()  # [|S|, V]
+        return accept_greedy(step.tree.subtree(keep), logits).num_accepted + 1
+    kept = set(keep)
+    produced = 1
+    for node in step.accepted_path[1:]:
+        if node not in kept:
+            break
+        produced += 1
+    return produced
+
+
+def replay_step(step: TraceStep, controller: Controller, cost: CostModel, greedy: bool, draft_factor: float = 1.0) -> ReplayedStep:
+    draft_ms = step.draft_ms * draft_factor
+    if step.tree.num_drafted:  # as the engine, which asks the controller only when something was drafted
+        keep = tuple(subtree_indices(step.tree, controller.select([step.tree], draft_ms)[0]))
+    else:
+        keep = (0,)
+    unique = unique_experts(step, keep)
+    return ReplayedStep(keep, accepted_tokens(step, keep, greedy), cost.predict_ms(len(keep), unique), draft_ms, unique)
+
+
+def draft_factor(draft_time: str, cost: CostModel, profiled: CostModel) -> float:
+    """What the recorded draft times are multiplied by (see module docstring, point 4)."""
+    if draft_time not in DRAFT_TIMES:
+        raise InputError(f"draft time must be one of {', '.join(DRAFT_TIMES)}, got {draft_time!r}")
+    if draft_time == "zero":
+        return 0.0
+    dense, dense_profiled = cost.base_ms + cost.per_token_ms, profiled.base_ms + profiled.per_token_ms
+    if draft_time == "recorded" or dense == dense_profiled:
+        return 1.0
+    if dense_profiled <= 0:
+        raise InputError("the profile's cost model has no non-expert cost to scale draft times by; use draft time 'recorded'")
+    return dense / dense_profiled
+
+
+def ar_step(step: TraceStep, cost: CostModel) -> ReplayedStep:
+    unique = unique_experts(step, [0])
+    return ReplayedStep((0,), 1, cost.predict_ms(1, unique), 0.0, unique)
+
+
+def recorded_step(step: TraceStep) -> ReplayedStep:
+    """The step as it was measured (EAGLE-2 verifying its whole tree), for comparison."""
+    keep = tuple(range(len(step.tree)))
+    return ReplayedStep(keep, len(step.accepted_path), step.verify_ms, step.draft_ms, unique_experts(step, keep))
+
+
+def check_greedy_trace(trace: Trace) -> None:
+    """Scoring each traced tree from its recorded argmax must give the recorded accepted path."""
+    for step in trace.steps:
+        keep = list(range(len(step.tree)))
+        vocabulary = int(max(step.argmax.max(), step.tree.tokens.max())) + 1
+        acceptance = accept_greedy(step.tree, torch.nn.functional.one_hot(step.argmax[keep], vocabulary).float())
+        if tuple(acceptance.path) != step.accepted_path:
+            raise TraceError(f"{trace.path}: prompt {step.prompt_index} step {step.step}: the recorded argmax does not "
+                             f"reproduce the recorded accepted path {list(step.accepted_path)}")
+
+
+def summarise(steps: Sequence[ReplayedStep]) -> dict:
+    """A policy's figures over replayed steps (`speedup_vs_ar` is filled in by `simulate`)."""
+    n = len(steps)
+    tokens = sum(s.tokens for s in steps)
+    verify = sum(s.verify_ms for s in steps)
+    draft = sum(s.draft_ms for s in steps)
+    loads = sum(sum(s.unique_experts) for s in steps)
+    per_layer = [sum(s.unique_experts) / len(s.unique_experts) for s in steps if s.unique_experts]
+    return {
+        "tokens_per_s": _round(1000.0 * tokens / (verify + draft) if verify + draft > 0 else 0.0),
+        "speedup_vs_ar": None,
+        "mean_accept_len": _round(tokens / n if n else 0.0),
+        "verify_ms": _round(verify / n if n else 0.0),
+        "draft_ms": _round(draft / n if n else 0.0),
+        "unique_experts_per_layer": _round(sum(per_layer) / len(per_layer) if per_layer else 0.0),
+        "expert_loads_per_token": _round(loads / tokens if tokens else 0.0),
+        "mean_tree_size": _round(sum(len(s.keep) - 1 for s in steps) / n if n else 0.0),
+        "tokens": tokens,
+        "steps": n,
+    }
+
+
+@dataclass(frozen=True)
+class PolicyReplay:
+    name: str
+    steps: list[ReplayedStep]
+    figures: dict
+
+
+def simulate(trace: Trace, profile: Profile, cost: CostModel, policies: Sequence[str],
+             draft_time: str = "scaled") -> dict[str, PolicyReplay]:
+    """Policy name -> its replay of every traced step under `cost` (see module docstring)."""
+    simulated = replace(profile, cost_model=cost)
+    factor = draft_factor(draft_time, cost, profile.cost_model)
+    ar = [ar_step(step, cost) for step in trace.steps]
+    results: dict[str, PolicyReplay] = {AR: PolicyReplay(AR, ar, summarise(ar))}
+    names = [n for n in policies if n not in (AR, STATIC_BEST)]
+    if STATIC_BEST in policies:
+        names += [f"static:{n}" for n in STATIC_GRID if f"static:{n}" not in names]
+    for name in names:
+        base, arg = split_name(name)
+        controller = POLICIES[base](arg, simulated)
+        replayed, prompt = [], None
+        for step in trace.steps:
+            if step.prompt_index != prompt:
+                controller.reset()
+                prompt = step.prompt_index
+            replayed.append(replay_step(step, controller, cost, trace.greedy, factor))
+        results[name] = PolicyReplay(name, replayed, summarise(replayed))
+    if STATIC_BEST in policies:
+        grid = [results[f"static:{n}"] for n in STATIC_GRID]
+        best = max(grid, key=lambda r: r.figures["tokens_per_s"])
+        results[STATIC_BEST] = PolicyReplay(STATIC_BEST, best.steps, {**best.figures, "budget": best.name})
+    baseline = results[AR].figures["tokens_per_s"]
+    for result in results.values():
+        result.figures["speedup_vs_ar"] = _round(result.figures["tokens_per_s"] / baseline) if baseline > 0 else None
+    return {name: results[name] for name in policies}  # `ar` is always replayed: it is the unit of speedup
+
+
+def _round(value: float) -> float:
+    return round(value, 4)

@@ -1,0 +1,159 @@
+"""Aggregating benchmark runs into per-method figures, and printing them.
+
+Figures are totals over the prompts, not means of per-prompt ratios:
+
+- `tokens_per_s`: new tokens / wall time, summed over prompts and repeated passes (prefill included,
+  as in `GenerationStats`);
+- `speedup_vs_ar`: tokens_per_s / that of `ar` on the same prompts (null when `ar` did not run);
+- `mean_accept_len`: tokens produced / (steps x rows they advanced) (the bonus token included, so `ar` is 1);
+- `verify_ms`, `draft_ms`: mean per step;
+- `draft_share`: drafting time / decode time (prefill excluded);
+- `unique_experts_per_layer`: mean over verify passes of the distinct experts per MoE layer;
+- `expert_loads_per_token`: distinct experts summed over layers, per verify pass, summed over
+  passes, divided by the tokens those passes produced.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from moe_spec.experiments.runner import Run
+from moe_spec.core.stats import GenerationStats
+
+METRICS = (
+    "tokens_per_s", "speedup_vs_ar", "mean_accept_len", "verify_ms", "draft_ms", "draft_share",
+    "unique_experts_per_layer", "expert_loads_per_token", "mean_tree_size", "new_tokens", "steps", "prompts", "repeats",
+)
+BASELINE = "ar"
+
+
+def aggregate(stats: Sequence[GenerationStats]) -> dict:
+    """The figures of one method over several prompts (`speedup_vs_ar` is filled in by `compare`)."""
+    steps = [step for generation in stats for step in generation.steps]
+    new_tokens = sum(g.new_tokens for g in stats)
+    total_ms = sum(g.total_ms for g in stats)
+    decode_ms = sum(g.decode_ms for g in stats)
+    produced = sum(s.accepted_length for s in steps)
+    draft_ms = sum(s.draft_ms for s in steps)
+    passes = [sum(s.unique_experts_per_layer) / len(s.unique_experts_per_layer) for s in steps if s.unique_experts_per_layer]
+    loads = sum(sum(s.unique_experts_per_layer) for s in steps)
+    n = len(steps)
+    row_steps = sum(s.rows for s in steps)  # a batched step counts once per row it advanced
+    return {
+        "tokens_per_s": _round(1000.0 * new_tokens / total_ms if total_ms > 0 else 0.0),
+        "speedup_vs_ar": None,
+        "mean_accept_len": _round(produced / row_steps if row_steps else 0.0),
+        "verify_ms": _round(sum(s.verify_ms for s in steps) / n if n else 0.0),
+        "draft_ms": _round(draft_ms / n if n else 0.0),
+        "draft_share": _round(draft_ms / decode_ms if decode_ms > 0 else 0.0),
+        "unique_experts_per_layer": _round(sum(passes) / len(passes) if passes else 0.0),
+        "expert_loads_per_token": _round(loads / produced if produced else 0.0),
+        "mean_tree_size": _round(sum(s.tree_size for s in steps) / row_steps if row_steps else 0.0),
+        "new_tokens": new_tokens,
+        "steps": n,
+        "prompts": len(stats),
+    }
+
+
+def compare(runs: Sequence[Run], methods: Sequence[str]) -> dict[str, dict]:
+    """Method name -> figures over `runs`, with speedups over `ar` where it ran."""
+    table = {m: aggregate([r.stats for r in runs if r.method == m]) for m in methods}
+    for m, figures in table.items():  # prompts, not runs: a repeated pass decodes the same prompts again
+        mine = [r for r in runs if r.method == m]
+        figures["prompts"] = len({i for r in mine for i in r.prompt_indices})
+        figures["repeats"] = len({r.repeat for r in mine})
+    baseline = table.get(BASELINE)
+    for figures in table.values():
+        if baseline is not None and baseline["tokens_per_s"] > 0:
+            figures["speedup_vs_ar"] = _round(figures["tokens_per_s"] / baseline["tokens_per_s"])
+    return table
+
+
+def add_static_best(table: dict[str, dict]) -> None:
+    """Add `static-best`: the figures of the fixed budget (`static:N`) with the best throughput here."""
+    static = {name: figures for name, figures in table.items() if name.startswith("static:")}
+    if static:
+        best = max(static, key=lambda name: static[name]["tokens_per_s"])
+        table["static-best"] = {**static[best], "budget": best}
+
+
+def build_report(runs: Sequence[Run], methods: Sequence[str], classes: Sequence[str], prompt_meta: Sequence[dict],
+                 config: dict, static_best: bool = False) -> dict:
+    """The JSON report. `classes[i]` and `prompt_meta[i]` describe prompt i. With `static_best`, every
+    table also gets the best fixed budget in hindsight (chosen per table: overall, and per class)."""
+    per_class = {}
+    for name in dict.fromkeys(classes):  # first-seen order
+        per_class[name] = compare([r for r in runs if classes[r.prompt_index] == name], methods)
+        if static_best:
+            add_static_best(per_class[name])
+    per_prompt = []
+    for index, meta in enumerate(prompt_meta):
+        mine = {r.method: r for r in runs if index in r.prompt_indices and r.repeat == 0}
+        per_prompt.append({
+            "index": index,
+            "class": classes[index],
+            **meta,
+            "methods": {
+                m: {
+                    **mine[m].stats.summary(),
+                    "new_ids": list(mine[m].new_ids_of(index)),
+                    "batch": list(mine[m].prompt_indices),
+                    "tree_sizes": [step.tree_size for step in mine[m].stats.steps],
+                    "accepted_lengths": [step.accepted_length for step in mine[m].stats.steps],
+                }
+                for m in methods
+            },
+        })
+    overall = compare(runs, methods)
+    if static_best:
+        add_static_best(overall)
+    return {"methods": overall, "per_class": per_class, "per_prompt": per_prompt, "config": config}
+
+
+COLUMNS = (  # (header, key, format)
+    ("tok/s", "tokens_per_s", "{:.1f}"),
+    ("speedup", "speedup_vs_ar", "{:.2f}x"),
+    ("accept", "mean_accept_len", "{:.2f}"),
+    ("tree", "mean_tree_size", "{:.1f}"),
+    ("verify ms", "verify_ms", "{:.2f}"),
+    ("draft ms", "draft_ms", "{:.2f}"),
+    ("draft %", "draft_share", "{:.1%}"),
+    ("experts/layer", "unique_experts_per_layer", "{:.1f}"),
+    ("loads/token", "expert_loads_per_token", "{:.1f}"),
+)
+
+
+def format_table(figures: dict[str, dict], title: str, columns: tuple[tuple[str, str, str], ...] = COLUMNS) -> str:
+    """A fixed-width table, one method per row."""
+    width = max([len("method")] + [len(name) for name in figures])
+    rows = [[fmt.format(row[key]) if row[key] is not None else "-" for _, key, fmt in columns] for row in figures.values()]
+    widths = [max(len(header), *(len(r[i]) for r in rows)) for i, (header, _, _) in enumerate(columns)]
+    lines = [title, "  ".join(["method".ljust(width)] + [h.rjust(w) for (h, _, _), w in zip(columns, widths)])]
+    for name, row in zip(figures, rows):
+        lines.append("  ".join([name.ljust(width)] + [cell.rjust(w) for cell, w in zip(row, widths)]))
+    return "\n".join(lines)
+
+
+def format_report(report: dict) -> str:
+    """All methods, then each prompt class."""
+    counts = {}
+    for prompt in report["per_prompt"]:
+        counts[prompt["class"]] = counts.get(prompt["class"], 0) + 1
+    parts = [format_table(report["methods"], f"all prompts ({len(report['per_prompt'])})")]
+    if len(report["per_class"]) > 1:
+        for name, figures in report["per_class"].items():
+            parts.append(format_table(figures, f"class {name} ({counts[name]} prompts)"))
+    return "\n\n".join(parts)
+
+
+def summary_line(report: dict) -> dict:
+    """What the final JSON line carries: the headline figures per method."""
+    keys = ("tokens_per_s", "speedup_vs_ar", "mean_accept_len")
+    return {
+        "methods": {m: {k: f[k] for k in keys} for m, f in report["methods"].items()},
+        "per_class_speedup": {c: {m: f["speedup_vs_ar"] for m, f in t.items()} for c, t in report["per_class"].items()},
+    }
+
+
+def _round(value: float) -> float:
+    return round(value, 4)

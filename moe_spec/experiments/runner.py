@@ -1,0 +1,147 @@
+"""Running methods side by side: one process, the same prompts, interleaved.
+
+For each prompt (or batch of prompts) every method runs once, in an order rotated by one per
+prompt, so slow drift of the machine (thermal state, other load) falls on all methods alike; a
+warm-up generate per method comes first and is not counted. Sampling draws from a
+`torch.Generator` seeded per prompt (per batch: by its first prompt), not per method or position
+in the method list, so a method's output does not depend on what else runs.
+
+With `batch_size` B > 1, prompts of the same class are decoded B at a time (left-padded), so
+per-class figures stay meaningful; a run's stats then cover its whole batch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+from tqdm.auto import tqdm
+
+from moe_spec.policy.registry import Method
+from moe_spec.core.engine import SpecDecoder
+from moe_spec.errors import InputError
+from moe_spec.core.stats import GenerationStats
+from moe_spec.core.target import TargetModel
+
+
+@dataclass(frozen=True)
+class RunSettings:
+    max_new_tokens: int = 64
+    temperature: float = 0.0  # 0: greedy
+    seed: int = 0
+    warmup_tokens: int = 16  # per method, on the first prompt; not counted
+    batch_size: int = 1
+    repeats: int = 1  # every method on every prompt this many times, interleaved; figures are totals
+
+    def __post_init__(self):
+        if self.max_new_tokens < 1:
+            raise InputError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        if self.temperature < 0:
+            raise InputError(f"temperature must be >= 0, got {self.temperature}")
+        if self.batch_size < 1:
+            raise InputError(f"batch_size must be >= 1, got {self.batch_size}")
+        if self.warmup_tokens < 0:
+            raise InputError(f"warmup_tokens must be >= 0, got {self.warmup_tokens}")
+        if self.repeats < 1:
+            raise InputError(f"repeats must be >= 1, got {self.repeats}")
+
+
+@dataclass(frozen=True)
+class Run:
+    """One method on one prompt, or on one batch of prompts."""
+
+    prompt_indices: tuple[int, ...]
+    method: str
+    stats: GenerationStats  # of the whole batch
+    new_ids: tuple[tuple[int, ...], ...]  # per prompt of the batch
+    repeat: int = 0  # which pass over the prompts
+
+    @property
+    def prompt_index(self) -> int:
+        """The batch's first prompt (every prompt of a batch has the same class)."""
+        return self.prompt_indices[0]
+
+    def new_ids_of(self, prompt_index: int) -> tuple[int, ...]:
+        return self.new_ids[self.prompt_indices.index(prompt_index)]
+
+
+def batches(classes: Sequence[str], batch_size: int) -> list[list[int]]:
+    """Prompt indices grouped by class (in first-seen order) into chunks of `batch_size`."""
+    groups: dict[str, list[int]] = {}
+    for index, name in enumerate(classes):
+        groups.setdefault(name, []).append(index)
+    return [group[i : i + batch_size] for group in groups.values() for i in range(0, len(group), batch_size)]
+
+
+def left_pad(prompts: Sequence[torch.Tensor], pad: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """[1, T_i] prompts -> input_ids [B, T], attention_mask [B, T], left-padded."""
+    width = max(p.shape[1] for p in prompts)
+    ids = torch.full((len(prompts), width), pad, dtype=torch.long)
+    mask = torch.zeros(len(prompts), width, dtype=torch.long)
+    for row, prompt in enumerate(prompts):
+        ids[row, width - prompt.shape[1]:] = prompt[0]
+        mask[row, width - prompt.shape[1]:] = 1
+    return ids, mask
+
+
+def method_order(methods: Sequence[Method], prompt_index: int) -> list[Method]:
+    """The methods rotated left by `prompt_index`."""
+    shift = prompt_index % len(methods)
+    return list(methods[shift:]) + list(methods[:shift])
+
+
+def prompt_generator(seed: int, prompt_index: int) -> torch.Generator:
+    """The sampling generator of a prompt, the same for every method (common random numbers)."""
+    return torch.Generator().manual_seed(seed * 1_000_003 + prompt_index)
+
+
+def run_methods(
+    target: TargetModel,
+    methods: Sequence[Method],
+    prompts: Sequence[torch.Tensor],  # each [1, T] long
+    settings: RunSettings,
+    progress: bool | None = None,  # None: a bar only on a terminal
+    classes: Sequence[str] | None = None,  # per prompt; batches never mix classes
+) -> list[Run]:
+    """Every method on every prompt (or batch), in run order."""
+    if not methods or not prompts:
+        raise InputError("nothing to run: give at least one method and one prompt")
+    decoders = {m.name: SpecDecoder(target, drafter=m.drafter, controller=m.controller) for m in methods}
+    groups = batches(classes or ["all"] * len(prompts), settings.batch_size)
+    pad = int(getattr(target.model.generation_config, "pad_token_id", None) or 0)
+
+    def generate(method: Method, group: list[int], max_new_tokens: int):
+        ids, mask = left_pad([prompts[i] for i in group], pad)
+        return ids, decoders[method.name].generate(
+            ids,
+            attention_mask=mask,
+            max_new_tokens=max_new_tokens,
+            temperature=settings.temperature,
+            generator=prompt_generator(settings.seed, group[0]),
+        )
+
+    if settings.warmup_tokens:
+        for method in methods:
+            generate(method, groups[0], min(settings.warmup_tokens, settings.max_new_tokens))
+
+    runs: list[Run] = []
+    bar = tqdm(total=settings.repeats * len(groups) * len(methods), desc="bench", unit="run",
+               disable=None if progress is None else not progress)
+    for repeat in range(settings.repeats):
+        for order, group in enumerate(groups):
+            for method in method_order(methods, order + repeat):
+                bar.set_postfix_str(f"pass {repeat + 1}, prompts {group[0]}.. {method.name}", refresh=False)
+                ids, result = generate(method, group, settings.max_new_tokens)
+                new_ids = tuple(_until_padding(result.sequences[row, ids.shape[1]:].tolist(), result, row)
+                                for row in range(len(group)))
+                runs.append(Run(tuple(group), method.name, result.stats, new_ids, repeat))
+                bar.update()
+    bar.close()
+    return runs
+
+
+def _until_padding(tokens: list[int], result, row: int) -> tuple[int, ...]:
+    """A row's own new tokens: batched outputs are right-padded to the longest row."""
+    produced = result.stats.new_tokens_per_row[row] if result.stats.new_tokens_per_row else len(tokens)
+    return tuple(tokens[:produced])

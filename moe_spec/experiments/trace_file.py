@@ -1,0 +1,228 @@
+"""Traces: EAGLE-2's decoding steps during a benchmark, one JSON line each, for `replay`.
+
+The first line is the header:
+
+    {"kind": "header", "format": "moe_spec.trace", "version": 1, "method": "eagle2", "budget": {...},
+     "temperature": 0.0, "target": {fingerprint}, "profile": "OUT.profile.json", "profile_origin": ...,
+     "profile_sha256": ..., "bench_config": {...}, "reproduces_bench_run": true, "recorded": "..."}
+
+then one line per step:
+
+    {"kind": "step", "prompt": 0, "class": "code", "step": 3, "prefix_len": 57,
+     "tokens": [N], "parents": [N], "scores": [N],      # the verified tree, root first
+     "candidate_nodes": 61,                             # nodes the drafter proposed, root included
+     "argmax": [N],                                     # the target's argmax at each node
+     "experts": [[[K] * N] * L],                         # routing of each node, per MoE layer
+     "accepted_path": [0, 4, 9], "bonus_token": 812, "verify_ms": 31.2, "draft_ms": 6.1}
+
+EAGLE-2 verifies its whole candidate tree (a static 60-node budget over a 60-node tree), so each
+step holds what the target said about every node it could have verified: `replay` can choose any
+subtree of it and score the choice exactly (greedy). The trace is written by a separate `eagle2`
+pass over the same prompts right after the timed runs, with the same settings and per-prompt
+generators, so it reproduces the benchmark's `eagle2` output (checked: `reproduces_bench_run`); its
+times are that pass's. The profile the benchmark used is copied beside the trace, so the trace is
+self-contained.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+
+from moe_spec.core.engine import SpecDecoder, StepRecord
+from moe_spec.errors import InputError
+from moe_spec.profile.artifact import Profile, fingerprint
+from moe_spec.core.tree import DraftTree
+
+FORMAT = "moe_spec.trace"
+VERSION = 1
+
+
+class TraceError(InputError):
+    """A trace file that cannot be replayed: missing, malformed, of another version or inconsistent."""
+
+
+@dataclass(frozen=True)
+class TraceStep:
+    prompt_index: int
+    prompt_class: str
+    step: int  # within its prompt's generation
+    prefix_len: int  # tokens in the target's cache before the step
+    tree: DraftTree  # the verified tree
+    candidate_nodes: int  # nodes the drafter proposed (root included); == len(tree) for EAGLE-2
+    argmax: torch.Tensor  # [N] long: the target's argmax at each node of `tree`
+    experts: torch.Tensor  # [L, N, K] long: routing of each node of `tree`
+    accepted_path: tuple[int, ...]  # node indices, root first
+    bonus_token: int
+    verify_ms: float  # measured
+    draft_ms: float  # measured
+
+    def to_json(self) -> dict:
+        return {
+            "kind": "step", "prompt": self.prompt_index, "class": self.prompt_class, "step": self.step,
+            "prefix_len": self.prefix_len, "tokens": self.tree.tokens.tolist(), "parents": self.tree.parents.tolist(),
+            "scores": [round(float(s), 6) for s in self.tree.scores], "candidate_nodes": self.candidate_nodes,
+            "argmax": self.argmax.tolist(), "experts": self.experts.tolist(), "accepted_path": list(self.accepted_path),
+            "bonus_token": self.bonus_token, "verify_ms": round(self.verify_ms, 4), "draft_ms": round(self.draft_ms, 4),
+        }
+
+    @staticmethod
+    def from_json(data: dict) -> "TraceStep":
+        tree = DraftTree(torch.tensor(data["tokens"], dtype=torch.long), torch.tensor(data["parents"], dtype=torch.long),
+                         torch.tensor(data["scores"], dtype=torch.float32))
+        experts = torch.tensor(data["experts"], dtype=torch.long)
+        if experts.numel() == 0:
+            experts = experts.reshape(0, len(tree), 0)
+        argmax = torch.tensor(data["argmax"], dtype=torch.long)
+        if argmax.shape != (len(tree),) or experts.dim() != 3 or experts.shape[1] != len(tree):
+            raise ValueError(f"argmax {tuple(argmax.shape)} / experts {tuple(experts.shape)} do not fit {len(tree)} nodes")
+        return TraceStep(int(data["prompt"]), str(data["class"]), int(data["step"]), int(data["prefix_len"]), tree,
+                         int(data["candidate_nodes"]), argmax, experts, tuple(int(i) for i in data["accepted_path"]),
+                         int(data["bonus_token"]), float(data["verify_ms"]), float(data["draft_ms"]))
+
+
+@dataclass(frozen=True)
+class Trace:
+    header: dict
+    steps: list[TraceStep]
+    path: Path
+
+    @property
+    def greedy(self) -> bool:
+        return float(self.header.get("temperature", 0.0)) == 0.0
+
+    def profile(self, override: str | Path | None = None) -> Profile:
+        """The profile the benchmark used (copied beside the trace), or `override`; checked against the traced target."""
+        path = Path(override) if override is not None else self.path.parent / str(self.header.get("profile") or "")
+        if override is None and not self.header.get("profile"):
+            raise TraceError(f"trace {self.path} names no profile; pass --profile")
+        profile = Profile.load(path)
+        traced = self.header.get("target", {}).get("weights_sha256")
+        if traced is not None and profile.fingerprint.get("weights_sha256") != traced:
+            raise TraceError(f"profile {path} was made for another target than the one traced in {self.path}")
+        return profile
+
+
+class TraceWriter:
+    """Writes a trace: the header on entry, then one line per `StepRecord` given to `observer`."""
+
+    def __init__(self, path: str | Path, header: dict):
+        self.path = Path(path)
+        self.header = {"kind": "header", "format": FORMAT, "version": VERSION, **header}
+        self._file = None
+        self.steps = 0
+
+    def __enter__(self) -> "TraceWriter":
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._file = self.path.open("w")
+        self._file.write(json.dumps(self.header) + "\n")
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self._file.close()
+
+    def observer(self, prompt_index: int, prompt_class: str):
+        """A `SpecDecoder` step observer writing the steps of one prompt's generation."""
+        counter = itertools.count()
+
+        def observe(record: StepRecord) -> None:
+            step = TraceStep(
+                prompt_index, prompt_class, next(counter), record.prefix_len, record.verified, len(record.candidates),
+                record.argmax, record.experts, tuple(record.acceptance.path), record.acceptance.bonus_token,
+                record.verify_ms, record.draft_ms,
+            )
+            self._file.write(json.dumps(step.to_json()) + "\n")
+            self.steps += 1
+
+        return observe
+
+
+def record_bench_trace(
+    path: str | Path,
+    target,
+    method,  # moe_spec.policy.registry.Method: the eagle2 method of the benchmark
+    prompts: Sequence[torch.Tensor],  # each [1, T] long
+    classes: Sequence[str],
+    settings,  # moe_spec.experiments.runner.RunSettings
+    profile: Profile,
+    profile_origin: str | None,
+    bench_config: dict,
+    bench_new_ids: dict[int, tuple[int, ...]] | None = None,  # prompt index -> eagle2's output in the timed run
+) -> dict:
+    """Run `method` once more over `prompts`, recording every step; returns what the bench report notes."""
+    from moe_spec.experiments.runner import prompt_generator
+
+    path = Path(path)
+    profile_path = path.with_name(path.stem + ".profile.json")
+    profile.save(profile_path)
+    budget = getattr(method.controller, "budget", None)  # StaticController's fixed budget
+    header = {
+        "method": method.name,
+        "budget": asdict(budget) if budget is not None else None,
+        "temperature": settings.temperature,
+        "max_new_tokens": settings.max_new_tokens,
+        "seed": settings.seed,
+        "target": fingerprint(target),
+        "profile": profile_path.name,
+        "profile_origin": profile_origin,
+        "profile_sha256": hashlib.sha256(profile_path.read_bytes()).hexdigest(),
+        "bench_config": bench_config,
+        "recorded": "a separate pass of the method over the benchmark's prompts after its timed runs, "
+                    "same settings and per-prompt generators",
+    }
+    outputs = {}
+    with TraceWriter(path, header) as writer:
+        for index, (ids, prompt_class) in enumerate(zip(prompts, classes)):
+            decoder = SpecDecoder(target, drafter=method.drafter, controller=method.controller,
+                                  step_observer=writer.observer(index, prompt_class))
+            result = decoder.generate(ids, max_new_tokens=settings.max_new_tokens, temperature=settings.temperature,
+                                      generator=prompt_generator(settings.seed, index))
+            outputs[index] = tuple(result.sequences[0, ids.shape[1]:].tolist())
+    reproduces = None if bench_new_ids is None else all(outputs[i] == bench_new_ids.get(i) for i in outputs)
+    _rewrite_header(path, {**writer.header, "reproduces_bench_run": reproduces})
+    return {"path": str(path), "steps": writer.steps, "profile": str(profile_path), "reproduces_bench_run": reproduces}
+
+
+def _rewrite_header(path: Path, header: dict) -> None:
+    lines = path.read_text().splitlines(keepends=True)
+    lines[0] = json.dumps(header) + "\n"
+    path.write_text("".join(lines))
+
+
+def read_trace(path: str | Path) -> Trace:
+    """The header and steps of a trace file; `TraceError` naming the line for anything malformed."""
+    path = Path(path)
+    try:
+        lines = path.read_text().splitlines()
+    except OSError as error:
+        raise TraceError(f"cannot read trace {path}: {error.strerror or error}") from None
+    if not lines:
+        raise TraceError(f"trace {path} is empty")
+    try:
+        header = json.loads(lines[0])
+    except json.JSONDecodeError as error:
+        raise TraceError(f"{path}:1: the header is not JSON ({error})") from None
+    if not isinstance(header, dict) or header.get("kind") != "header" or header.get("format") != FORMAT:
+        raise TraceError(f"{path}:1: not a moe_spec trace header (written by `moe-spec bench --trace`)")
+    if header.get("version") != VERSION:
+        raise TraceError(f"{path}: trace version {header.get('version')!r}; this moe_spec reads version {VERSION}")
+    steps = []
+    for number, line in enumerate(lines[1:], start=2):
+        if not line.strip():
+            continue
+        try:
+            data = json.loads(line)
+            if data.get("kind") != "step":
+                raise ValueError(f"kind {data.get('kind')!r}, expected 'step'")
+            steps.append(TraceStep.from_json(data))
+        except (json.JSONDecodeError, KeyError, TypeError, ValueError, AttributeError) as error:
+            raise TraceError(f"{path}:{number}: malformed step ({type(error).__name__}: {error})") from None
+    if not steps:
+        raise TraceError(f"trace {path} holds no steps")
+    return Trace(header, steps, path)

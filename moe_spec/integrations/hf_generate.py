@@ -1,0 +1,214 @@
+"""moe_spec as a drop-in decoding loop for transformers' `model.generate`.
+
+    from moe_spec import LookupDrafter
+    from moe_spec.integrations.hf_generate import speculative_generate
+
+    out = model.generate(input_ids, custom_generate=speculative_generate, drafter=LookupDrafter(),
+                         max_new_tokens=64)                      # greedy: identical to plain generate
+    out = model.generate(input_ids, custom_generate=speculative_generate, drafter=LookupDrafter(),
+                         controller=MoeAwareController(profile),  # optional: a moe_spec controller
+                         do_sample=True, temperature=0.8, top_p=0.95, streamer=streamer,
+                         return_dict_in_generate=True)
+
+transformers 5.23 runs a callable `custom_generate` after its own preparation (generation config,
+special tokens, `max_length`, logits processors, stopping criteria) as
+`custom_generate(model, input_ids, logits_processor=..., stopping_criteria=..., generation_config=...,
+**custom_kwargs, **model_kwargs)`; parameters of the callable that `_sample` lacks (`drafter`,
+`controller`, `generator`, `step_observer`) are taken from `generate`'s keyword arguments and handed
+over. This function then decodes with `SpecDecoder`, so the output is the target's own: greedy
+output equals `model.generate(..., do_sample=False)`, sampled output is distributed as the target's
+(see `acceptance.py`).
+
+How `generate`'s settings are mapped:
+- `do_sample=False` -> greedy; `do_sample=True` -> the generation config's `temperature`, `top_k`
+  and `top_p` (transformers' defaults included, e.g. `top_k=50`), applied in transformers' order;
+- `max_new_tokens` / `max_length` -> the generation config's prepared `max_length` minus the prompt
+  length (as `generate` counts it, left padding included);
+- `eos_token_id` -> the generation config's (after `generate` filled it from the model);
+- `drafter`: a `Drafter`, a spec string for `moe_spec.loading.load_drafter` ('lookup', a head
+  folder) or None (plain autoregressive decoding through moe_spec's cache machinery);
+- `controller`: a moe_spec `Controller`, or None (the drafter's default tree);
+- `generator`: a `torch.Generator` for sampling; without one a generator is seeded from torch's
+  global RNG, so `torch.manual_seed(s)` makes a sampled call reproducible as it does for `generate`;
+- `streamer`: receives the new tokens step by step, then `end()` (`generate` itself sends the prompt;
+  transformers 5.23 does not hand `streamer` to a callable, so it is read from `generate`'s call,
+  see `_generate_callers_streamer`);
+- a batch is given left-padded with its `attention_mask`, as for `generate`; rows decode together
+  in one verify pass per step (the drafter drafts them together when it has `for_batch`, as the EAGLE
+  drafter does, else one `spawn()`ed copy per row), and rows that finish
+  early are padded with the generation config's `pad_token_id` (else its first EOS id);
+- `return_dict_in_generate=True` -> `GenerateDecoderOnlyOutput(sequences=...)`; else the
+  `[B, T_prompt + T_new]` sequences tensor.
+
+Refused with `InputError`, rather than silently ignored: beams or several return sequences, logits
+processors other than temperature / top-k / top-p (repetition penalty, min length, ...: tree
+verification scores drafts with the raw distribution), stopping criteria other than max
+length and EOS, `output_scores` / `output_logits` / attentions / hidden states, a non-empty cache.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+
+import torch
+from transformers import GenerationConfig, PreTrainedModel
+from transformers.generation import GenerateDecoderOnlyOutput
+from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
+from transformers.generation.stopping_criteria import EosTokenCriteria, MaxLengthCriteria
+
+from moe_spec.core.control import Controller
+from moe_spec.core.drafting import Drafter
+from moe_spec.core.engine import SpecDecoder, StepRecord
+from moe_spec.errors import InputError
+from moe_spec.core.target import TargetModel
+
+_SAMPLING_WARPERS = (TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper)
+_STOPPING = (MaxLengthCriteria, EosTokenCriteria)
+# what `generate` prepares for a decoder-only forward; moe_spec builds its own cache, positions and masks
+_PREPARED_MODEL_KWARGS = {"attention_mask", "past_key_values", "position_ids", "use_cache", "logits_to_keep", "cache_position"}
+_UNSUPPORTED_OUTPUTS = ("output_scores", "output_logits", "output_attentions", "output_hidden_states")
+
+
+def speculative_generate(
+    model: PreTrainedModel,
+    input_ids: torch.Tensor,  # [B, T] long, as prepared by `generate`
+    logits_processor=None,
+    stopping_criteria=None,
+    generation_config: GenerationConfig | None = None,
+    drafter: Drafter | str | None = None,
+    controller: Controller | None = None,
+    generator: torch.Generator | None = None,
+    step_observer: Callable[[StepRecord], None] | None = None,
+    streamer=None,
+    **model_kwargs,
+) -> torch.Tensor | GenerateDecoderOnlyOutput:
+    """The decoding loop `model.generate(..., custom_generate=speculative_generate)` runs; see module docstring.
+
+    `model_kwargs` are what `generate` prepared for the model's forward; only `attention_mask`
+    ([B, T], left padding; None: no padding) is used, since `SpecDecoder` builds its own cache,
+    positions and tree masks. (They must stay in `**model_kwargs`: a named parameter here would make
+    `generate` treat it as a custom argument and hand it over twice.)
+    """
+    config = generation_config if generation_config is not None else model.generation_config
+    _check_supported(input_ids, config, logits_processor, stopping_criteria, model_kwargs)
+    attention_mask = model_kwargs.get("attention_mask")
+    max_new_tokens = int(config.max_length) - int(input_ids.shape[1])
+    if max_new_tokens < 1:
+        raise InputError(f"the prompt ({input_ids.shape[1]} tokens) already reaches max_length={config.max_length}")
+    target = TargetModel(model)
+    if isinstance(drafter, str):
+        from moe_spec.loading import load_drafter
+
+        drafter = load_drafter(drafter, target)
+    sampling = _sampling_settings(config)
+    if sampling["temperature"] > 0 and generator is None:
+        # what `generate` does implicitly (torch.multinomial on the global RNG), made explicit
+        generator = torch.Generator().manual_seed(int(torch.randint(0, 2**62, ())))
+    if streamer is None:
+        streamer = _generate_callers_streamer()
+    eos = _eos_ids(config)
+    decoder = SpecDecoder(target, drafter=drafter, controller=controller, step_observer=step_observer)
+    result = decoder.generate(
+        input_ids,
+        attention_mask=attention_mask,
+        max_new_tokens=max_new_tokens,
+        eos_token_id=eos,
+        generator=generator,
+        streamer=_AfterPrompt(streamer) if streamer is not None else None,
+        **sampling,
+    )
+    pad = config.pad_token_id if config.pad_token_id is not None else (eos[0] if eos else 0)
+    sequences = _padded_after_eos(result.sequences, input_ids.shape[1], set(eos), int(pad)).to(input_ids.device)
+    if config.return_dict_in_generate:
+        return GenerateDecoderOnlyOutput(sequences=sequences)
+    return sequences
+
+
+def _check_supported(input_ids, config: GenerationConfig, logits_processor, stopping_criteria, model_kwargs: dict) -> None:
+    if (config.num_beams or 1) > 1 or (config.num_return_sequences or 1) > 1:
+        raise InputError("speculative_generate supports neither beam search nor num_return_sequences > 1")
+    requested = [name for name in _UNSUPPORTED_OUTPUTS if getattr(config, name, False)]
+    if requested:
+        raise InputError(f"speculative_generate returns sequences only; unsupported: {', '.join(requested)}")
+    others = [type(p).__name__ for p in (logits_processor or []) if not isinstance(p, _SAMPLING_WARPERS)]
+    if others:
+        raise InputError(
+            f"speculative_generate verifies drafts against the model's own distribution (temperature, top-k, top-p); "
+            f"it cannot apply {', '.join(others)}"
+        )
+    stops = [type(c).__name__ for c in (stopping_criteria or []) if not isinstance(c, _STOPPING)]
+    if stops:
+        raise InputError(f"speculative_generate stops at max length and EOS only; unsupported: {', '.join(stops)}")
+    cache = model_kwargs.get("past_key_values")
+    if cache is not None and cache.get_seq_length() > 0:
+        raise InputError("speculative_generate starts from an empty cache; pass no past_key_values")
+    unknown = sorted(set(model_kwargs) - _PREPARED_MODEL_KWARGS)
+    if unknown:
+        raise InputError(f"speculative_generate takes input_ids and attention_mask only; unsupported: {', '.join(unknown)}")
+
+
+def _sampling_settings(config: GenerationConfig) -> dict:
+    """`SpecDecoder.generate`'s temperature / top_k / top_p for a generation config."""
+    if not config.do_sample:
+        return {"temperature": 0.0, "top_k": 0, "top_p": 1.0}
+    temperature = 1.0 if config.temperature is None else float(config.temperature)
+    if temperature <= 0:
+        raise InputError(f"do_sample=True needs temperature > 0, got {temperature}; use do_sample=False for greedy")
+    return {
+        "temperature": temperature,
+        "top_k": int(config.top_k or 0),
+        "top_p": 1.0 if config.top_p is None else float(config.top_p),
+    }
+
+
+def _eos_ids(config: GenerationConfig) -> list[int]:
+    """The generation config's EOS ids; an empty list (not None) so `SpecDecoder` does not fall back."""
+    eos = config.eos_token_id
+    if eos is None:
+        return []
+    return [int(eos)] if isinstance(eos, int) else [int(t) for t in torch.as_tensor(eos).flatten().tolist()]
+
+
+def _padded_after_eos(sequences: torch.Tensor, prompt_len: int, eos: set[int], pad: int) -> torch.Tensor:
+    """[B, T] sequences with every position after a row's first new EOS set to `pad`, as `generate` pads."""
+    sequences = sequences.clone()
+    for row in sequences:
+        new = row[prompt_len:].tolist()
+        first = next((i for i, t in enumerate(new) if t in eos), None)
+        if first is not None:
+            row[prompt_len + first + 1:] = pad
+    return sequences
+
+
+def _generate_callers_streamer():
+    """The `streamer` given to `GenerationMixin.generate`, which called us.
+
+    transformers 5.23 does not forward `streamer` to a callable `custom_generate`:
+    `_extract_generation_mode_kwargs` replaces the generation-mode kwargs (the streamer among
+    them) with the callable's own extra parameters, yet `generate` has already sent the prompt to
+    the streamer. A consumer waiting on `end()` (`TextIteratorStreamer`) would wait forever, so we
+    read the argument from `generate`'s frame; the check on the function and module names means a
+    transformers that passes the streamer itself, or calls us some other way, skips this path.
+    """
+    frame = sys._getframe(2)  # 0: this function, 1: speculative_generate, 2: its caller
+    if frame.f_code.co_name == "generate" and frame.f_globals.get("__name__") == "transformers.generation.utils":
+        return frame.f_locals.get("streamer")
+    return None
+
+
+class _AfterPrompt:
+    """A streamer view that drops the first `put` (the prompt, which `generate` already sent)."""
+
+    def __init__(self, streamer):
+        self.streamer = streamer
+        self._prompt_sent = False
+
+    def put(self, value: torch.Tensor) -> None:
+        if not self._prompt_sent:
+            self._prompt_sent = True
+            return
+        self.streamer.put(value)
+
+    def end(self) -> None:
+        self.streamer.end()

@@ -1,0 +1,258 @@
+"""The profile: what the profiler measured for one target on one machine, versioned, reusable.
+
+A profile is a JSON file plus a sidecar `.npz` with the large arrays (the token-id expert table,
+the expert load and co-activation). The JSON holds the schema version, the target's fingerprint
+(architecture, shapes, dtype, a hash of the weights), the hardware, the cost model, the
+acceptance calibration and the measurements' summaries; it names the sidecar and its sha256.
+
+`Profile.load` raises `ProfileError` with a message naming the problem for a file that is
+missing, truncated, corrupt, of a newer schema, or made for another target; never a
+`KeyError` deep inside the controller.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import math
+import os
+import platform
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+import transformers
+
+from moe_spec.profile.cost_model import CostModel
+from moe_spec.errors import MoeSpecError
+from moe_spec.profile.calibration import AcceptanceCalibration
+from moe_spec.profile.expert_table import TokenExpertTable
+from moe_spec.core.routing import find_routers
+from moe_spec.core.target import TargetModel
+
+SCHEMA_VERSION = 2  # 2: the cost model's per_row_ms (version-1 files are read with per_row_ms = 0)
+_HASH_ELEMENTS = 4096  # elements sampled per tensor for the weights hash
+
+
+class ProfileError(MoeSpecError):
+    """A profile file that cannot be used for this target: missing, corrupt, too new, or another model's."""
+
+
+def fingerprint(model) -> dict:
+    """Architecture, shapes, dtype and a weights hash identifying a target (`PreTrainedModel` or `TargetModel`).
+
+    The hash covers every state-dict tensor's name and shape and a deterministic, evenly spaced
+    sample of up to 4096 of its values cast to float32, so it identifies the weights whatever
+    dtype they were loaded in (the dtype is recorded separately) and takes well under a second.
+    """
+    if isinstance(model, TargetModel):
+        model = model.model
+    config = model.config.get_text_config(decoder=True)
+    routers = find_routers(model)
+    digest = hashlib.sha256()
+    for name, tensor in sorted(model.state_dict().items()):
+        flat = tensor.detach().reshape(-1)
+        if flat.numel() > _HASH_ELEMENTS:
+            flat = flat[torch.linspace(0, flat.numel() - 1, _HASH_ELEMENTS).long()]
+        digest.update(f"{name}:{tuple(tensor.shape)};".encode())
+        digest.update(flat.to(device="cpu", dtype=torch.float32).contiguous().numpy().tobytes())
+    return {
+        "model_type": str(config.model_type),
+        "num_layers": int(config.num_hidden_layers),
+        "moe_layers": [r.layer for r in routers],
+        "hidden_size": int(config.hidden_size),
+        "num_experts": routers[0].num_experts if routers else 0,
+        "top_k": routers[0].top_k if routers else 0,
+        "vocab_size": int(model.get_input_embeddings().num_embeddings),
+        "dtype": str(model.dtype).removeprefix("torch."),
+        "num_parameters": int(sum(p.numel() for p in model.parameters())),
+        "weights_sha256": digest.hexdigest(),
+    }
+
+
+def hardware_description(device: torch.device | str = "cpu") -> dict:
+    """The machine the timings were taken on."""
+    device = torch.device(device)
+    description = {
+        "device": str(device),
+        "cpu": _cpu_model(),
+        "cpu_count": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "l3_cache": _read("/sys/devices/system/cpu/cpu0/cache/index3/size"),
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+    }
+    if device.type == "cuda":
+        description["gpu"] = torch.cuda.get_device_name(device)
+    return description
+
+
+def _read(path: str) -> str | None:
+    try:
+        return Path(path).read_text().strip()
+    except OSError:
+        return None
+
+
+def _cpu_model() -> str:
+    for line in (_read("/proc/cpuinfo") or "").splitlines():
+        if line.startswith("model name"):
+            return line.split(":", 1)[1].strip()
+    return platform.processor() or "unknown"
+
+
+@dataclass(frozen=True)
+class Profile:
+    fingerprint: dict
+    hardware: dict
+    cost_model: CostModel
+    calibration: AcceptanceCalibration | None  # None when the drafter proposed nothing to calibrate on
+    expert_table: TokenExpertTable | None  # None for a dense target
+    details: dict = field(default_factory=dict)  # JSON summaries: routing, latency grid, errors, settings
+    arrays: dict[str, np.ndarray] = field(default_factory=dict)  # sidecar extras, e.g. routing_load [L, E]
+    schema_version: int = SCHEMA_VERSION
+
+    def calibrated_path_probability(self, tree) -> torch.Tensor:
+        """[N] P(node on the accepted path), from the calibration (see `AcceptanceCalibration`)."""
+        if self.calibration is None:
+            raise ProfileError("this profile has no acceptance calibration (the drafter proposed no nodes)")
+        return self.calibration.path_probability(tree)
+
+    def predicted_experts(self, tree) -> torch.Tensor:
+        """[L, N, E] probability that node n activates expert e in MoE layer l."""
+        if self.expert_table is None:
+            raise ProfileError("this profile has no expert predictor (dense target)")
+        return self.expert_table.predict(tree)
+
+    def predict_verify_ms(self, tree) -> float:
+        """Verify time of `tree` in ms, with its experts predicted from the token ids (as top-K sets
+        or as probabilities, whichever predicted unique-expert counts better on held-out trees)."""
+        if self.expert_table is None:
+            return self.cost_model.predict_ms(len(tree), [])
+        if self.details.get("expert_predictor", {}).get("pricing") == "topk":
+            return self.cost_model.predict(tree, self.expert_table.predict_onehot(tree))
+        return self.cost_model.predict(tree, self.expert_table.predict(tree))
+
+    def save(self, path: str | Path) -> Path:
+        """Write `path` (JSON) and its sidecar `path` with suffix `.npz`; returns the sidecar path."""
+        path = Path(path)
+        sidecar = path.with_suffix(".npz")
+        arrays = self.expert_table.arrays() if self.expert_table is not None else {}
+        clash = set(arrays) & set(self.arrays)
+        if clash:
+            raise ValueError(f"array names {sorted(clash)} are reserved for the expert predictor")
+        arrays.update(self.arrays)
+        buffer = io.BytesIO()
+        np.savez_compressed(buffer, **arrays)
+        sidecar.write_bytes(buffer.getvalue())
+        document = {
+            "schema_version": self.schema_version,
+            "fingerprint": self.fingerprint,
+            "hardware": self.hardware,
+            "cost_model": self.cost_model.to_dict(),
+            "calibration": self.calibration.to_dict() if self.calibration is not None else None,
+            "expert_predictor": (
+                {"pseudo_count": self.expert_table.pseudo_count, "arrays": sorted(self.expert_table.arrays())}
+                if self.expert_table is not None
+                else None
+            ),
+            "details": self.details,
+            "arrays": {"file": sidecar.name, "sha256": hashlib.sha256(buffer.getvalue()).hexdigest()},
+        }
+        path.write_text(json.dumps(_finite(document), indent=1) + "\n")
+        return sidecar
+
+    @staticmethod
+    def load(path: str | Path, target=None) -> "Profile":
+        """Read and validate a profile; with `target` (a model or `TargetModel`), also check that the
+        profile was made for it. Raises `ProfileError` naming the problem."""
+        path = Path(path)
+        try:
+            text = path.read_text()
+        except OSError as error:
+            raise ProfileError(f"cannot read profile {path}: {error}") from error
+        try:
+            document = json.loads(text)
+        except json.JSONDecodeError as error:
+            raise ProfileError(f"profile {path} is not valid JSON (truncated or corrupt?): {error}") from error
+        if not isinstance(document, dict):
+            raise ProfileError(f"profile {path} is not a JSON object")
+        version = document.get("schema_version")
+        if not isinstance(version, int):
+            raise ProfileError(f"profile {path} has no integer schema_version")
+        if version > SCHEMA_VERSION:
+            raise ProfileError(
+                f"profile {path} has schema version {version}, newer than this moe_spec reads ({SCHEMA_VERSION}); "
+                "upgrade moe_spec or profile the target again"
+            )
+        try:
+            profile = _from_document(document, path)
+        except ProfileError:
+            raise
+        except (KeyError, TypeError, ValueError, IndexError, AttributeError) as error:
+            raise ProfileError(f"profile {path} is malformed: {type(error).__name__}: {error}") from error
+        if target is not None:
+            profile.check_target(target, path)
+        return profile
+
+    def check_target(self, target, path: str | Path = "profile") -> None:
+        """Raise `ProfileError` unless this profile was made for `target`."""
+        current = fingerprint(target)
+        differences = [
+            f"{key}: profile {self.fingerprint.get(key)!r}, target {value!r}"
+            for key, value in current.items()
+            if self.fingerprint.get(key) != value
+        ]
+        if differences:
+            raise ProfileError(
+                f"{path} was made for another target ({'; '.join(differences)}); run `moe-spec profile` for this one"
+            )
+
+
+def _from_document(document: dict, path: Path) -> Profile:
+    for key in ("fingerprint", "hardware", "cost_model", "arrays"):
+        if not isinstance(document.get(key), dict):
+            raise ProfileError(f"profile {path} has no {key!r} section")
+    fp = document["fingerprint"]
+    arrays_meta = document["arrays"]
+    sidecar = path.parent / str(arrays_meta["file"])
+    try:
+        blob = sidecar.read_bytes()
+    except OSError as error:
+        raise ProfileError(f"profile {path} refers to arrays in {sidecar}, which cannot be read: {error}") from error
+    if hashlib.sha256(blob).hexdigest() != arrays_meta.get("sha256"):
+        raise ProfileError(f"{sidecar} does not match the checksum recorded in {path} (corrupt, or from another profile)")
+    with np.load(io.BytesIO(blob), allow_pickle=False) as npz:
+        arrays = {name: npz[name] for name in npz.files}
+    cost_model = CostModel.from_dict(document["cost_model"])
+    if cost_model.num_layers != len(fp["moe_layers"]):
+        raise ProfileError(f"profile {path}: cost model has {cost_model.num_layers} layers, target {len(fp['moe_layers'])}")
+    calibration = AcceptanceCalibration.from_dict(document["calibration"]) if document.get("calibration") else None
+    predictor = document.get("expert_predictor")
+    table = None
+    if predictor:
+        table = TokenExpertTable.from_arrays(arrays, int(fp["vocab_size"]), int(fp["top_k"]), float(predictor["pseudo_count"]))
+        if table.prior.shape != (len(fp["moe_layers"]), int(fp["num_experts"])):
+            raise ProfileError(f"profile {path}: expert table has shape {table.prior.shape}, fingerprint disagrees")
+    extras = {k: v for k, v in arrays.items() if not k.startswith("predictor_")}
+    details = document.get("details") or {}
+    if not isinstance(details, dict):
+        raise ProfileError(f"profile {path}: 'details' is not an object")
+    return Profile(fp, document["hardware"], cost_model, calibration, table, details, extras, int(document["schema_version"]))
+
+
+def _finite(value):
+    """NaN / inf -> None, so the file is strict JSON."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(v) for v in value]
+    if isinstance(value, np.generic):
+        return _finite(value.item())
+    return value

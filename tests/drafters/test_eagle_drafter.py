@@ -1,0 +1,350 @@
+"""EagleDrafter / EagleHead on tiny random targets: trees, cache handling, train/draft consistency, loading."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from moe_spec.core.drafting import TreeBudget
+from moe_spec.drafters.eagle import EagleDrafter
+from moe_spec.drafters.eagle_head import DraftHeadMismatchError, EagleHead
+from moe_spec.core.engine import SpecDecoder
+from moe_spec.errors import MoeSpecError
+from moe_spec.core.sampling import SamplingConfig
+from moe_spec.core.target import TargetModel
+from moe_spec.testing.tiny_models import tiny_model
+
+from moe_spec.testing.helpers import random_eagle_head
+
+torch.set_num_threads(1)
+DRAFT_VOCAB = 64
+
+
+def _prompt(n: int = 12, seed: int = 0) -> torch.Tensor:
+    return torch.randint(3, 96, (n,), generator=torch.Generator().manual_seed(seed))
+
+
+def _begun(target: TargetModel, head: EagleHead, prompt: torch.Tensor) -> EagleDrafter:
+    """A drafter begun on `prompt` minus its last token (the pending root), as the engine does."""
+    drafter = EagleDrafter(head, target)
+    prefix = prompt[:-1]
+    features = target.model(prefix[None], output_hidden_states=True).hidden_states
+    drafter.begin(prefix, torch.stack([features[i][0] for i in target.feature_layers], dim=1).detach())
+    return drafter
+
+
+def _check_tree(tree, root: int, budget: TreeBudget, head: EagleHead, vocab: int) -> None:
+    assert int(tree.tokens[0]) == root and int(tree.parents[0]) == -1
+    assert tree.num_drafted <= budget.max_nodes
+    assert int(tree.depths.max()) <= budget.max_depth
+    parents = tree.parents[1:]
+    assert bool((parents < torch.arange(1, len(tree))).all())  # topological, connected
+    assert bool((tree.scores[1:] <= tree.scores[parents] + 1e-6).all())  # non-increasing along paths
+    assert bool(torch.isfinite(tree.scores).all())
+    drafted = tree.tokens[1:]
+    assert bool(((drafted >= 0) & (drafted < vocab)).all())
+    assert bool(torch.isin(drafted, head.draft_to_target).all())
+    for node in range(len(tree)):  # siblings are distinct tokens, at most `branching` of them
+        children = tree.tokens[tree.parents == node]
+        assert children.numel() <= budget.branching and children.unique().numel() == children.numel()
+
+
+@pytest.mark.parametrize("budget", [TreeBudget(60, 5, 10), TreeBudget(7, 3, 4), TreeBudget(1, 1, 1), TreeBudget(5, 8, 2)])
+@pytest.mark.parametrize("sampling", [SamplingConfig(), SamplingConfig(1.0), SamplingConfig(0.7, top_k=5, top_p=0.9)])
+def test_tree_invariants(qwen, budget, sampling):
+    target, head = qwen
+    prompt = _prompt()
+    tree = _begun(target, head, prompt).propose(int(prompt[-1]), budget, sampling)
+    _check_tree(tree, int(prompt[-1]), budget, head, target.vocab_size)
+    assert tree.num_drafted == min(budget.max_nodes, _candidates(budget)) or not sampling.greedy
+
+
+def _candidates(budget: TreeBudget) -> int:
+    depth = min(budget.max_depth, budget.max_nodes)
+    return budget.branching + (depth - 1) * budget.branching**2
+
+
+def test_small_budget_keeps_the_globally_best_nodes(qwen):
+    target, head = qwen
+    prompt = _prompt()
+    drafter = _begun(target, head, prompt)
+    big = drafter.propose(int(prompt[-1]), TreeBudget(60, 4, 6), SamplingConfig())
+    small = drafter.propose(int(prompt[-1]), TreeBudget(12, 4, 6), SamplingConfig())
+    assert torch.allclose(small.scores[1:].sort(descending=True).values, big.scores[1:].sort(descending=True).values[:12])
+    assert small.num_drafted == 12
+
+
+def test_sampling_scores_follow_the_sampled_distribution(qwen):
+    target, head = qwen
+    prompt = _prompt()
+    tree = _begun(target, head, prompt).propose(int(prompt[-1]), TreeBudget(60, 3, 10), SamplingConfig(1.0, top_k=3))
+    root_children = tree.scores[tree.parents == 0]
+    assert root_children.numel() == 3  # tokens outside the top-3 have zero draft probability
+    assert torch.logsumexp(root_children, 0).abs() < 1e-4  # they carry the whole sampled distribution
+
+
+def test_incremental_drafting_equals_drafting_from_scratch(qwen):
+    """The head's cache after several propose/commit rounds holds exactly the committed pairs."""
+    target, head = qwen
+    drafter = EagleDrafter(head, target)
+    prompt = _prompt(10, seed=1)
+    out = SpecDecoder(target, drafter=drafter).generate(prompt[None], max_new_tokens=24, eos_token_id=[])
+    sequence = out.sequences[0]
+    budget = TreeBudget(20, 4, 4)
+    continued = drafter.propose(int(sequence[-1]), budget, SamplingConfig())
+    fresh = _begun(target, head, sequence).propose(int(sequence[-1]), budget, SamplingConfig())
+    assert torch.equal(continued.tokens, fresh.tokens) and torch.equal(continued.parents, fresh.parents)
+    assert torch.allclose(continued.scores, fresh.scores, atol=1e-4)
+
+
+def test_chain_drafts_follow_the_training_unroll(qwen):
+    """Depth k+1 of a draft is pass k of `EagleHead.unroll` (the training-time test) on the same tokens."""
+    target, head = qwen
+    prompt = _prompt(9, seed=2)
+    chain = _begun(target, head, prompt).propose(int(prompt[-1]), TreeBudget(3, 3, 1), SamplingConfig())
+    assert chain.num_drafted == 3 and chain.depths.tolist() == [0, 1, 2, 3]
+    tokens = torch.cat([prompt, chain.tokens[1:]])  # prompt (root last) + drafts
+    with torch.no_grad():
+        hidden = target.model(prompt[None, :-1], output_hidden_states=True).hidden_states
+        features = torch.stack([hidden[i][0] for i in target.feature_layers], dim=1)  # [P-1, S, D]
+        features = torch.cat([features, torch.zeros(4, *features.shape[1:])])  # unknown past the root: unused
+        embeds = target.model.get_input_embeddings()(tokens)
+        passes = [head.logits(h[0]) for h in head.unroll(features[None], embeds[None], steps=3)]
+    root_pair = len(prompt) - 2  # pair (features of the last committed position, root)
+    cumulative = 0.0
+    for k, logits in enumerate(passes):
+        logp = torch.log_softmax(logits[root_pair + k], -1)
+        assert int(head.draft_to_target[logp.argmax()]) == int(chain.tokens[k + 1])
+        cumulative += float(logp.max())
+        assert abs(cumulative - float(chain.scores[k + 1])) < 1e-4
+
+
+@pytest.mark.parametrize("model_type", ["qwen3_moe", "gpt_oss", "deepseek_v3", "mixtral"])
+def test_greedy_matches_generate_with_a_random_head(model_type):
+    model = tiny_model(model_type)
+    target = TargetModel(model)
+    prompt = _prompt(11, seed=3)[None]
+    out = SpecDecoder(target, drafter=EagleDrafter(random_eagle_head(target, DRAFT_VOCAB), target)).generate(
+        prompt, max_new_tokens=30, eos_token_id=[])
+    reference = model.generate(prompt, do_sample=False, max_new_tokens=30, min_new_tokens=30, eos_token_id=[],
+                               pad_token_id=0)
+    assert torch.equal(out.sequences, reference)
+    assert all(step.tree_size <= 60 for step in out.stats.steps)
+
+
+def test_save_and_reload_round_trip(qwen, tmp_path):
+    target, head = qwen
+    EagleDrafter(head, target).save_pretrained(tmp_path)
+    loaded = EagleDrafter.from_pretrained(tmp_path, target)
+    assert loaded.head.config == head.config
+    assert torch.equal(loaded.head.draft_to_target, head.draft_to_target)
+    assert torch.equal(loaded.head.fc.weight, head.fc.weight.to(torch.bfloat16).float())
+    assert loaded.default_budget == TreeBudget(60, 5, 10)
+
+
+@pytest.mark.parametrize(
+    "other, named",
+    [
+        (dict(model_type="deepseek_v3"), "model_type"),
+        (dict(model_type="qwen3_moe", vocab_size=128), "vocab_size"),
+        (dict(model_type="qwen3_moe", hidden_size=64, head_dim=16), "hidden_size"),
+        (dict(model_type="qwen3_moe", num_hidden_layers=4), "num_hidden_layers"),
+    ],
+)
+def test_loading_against_another_target_names_the_mismatch(qwen, tmp_path, other, named):
+    target, head = qwen
+    head.save_pretrained(tmp_path)
+    overrides = {k: v for k, v in other.items() if k != "model_type"}
+    other_target = TargetModel(tiny_model(other["model_type"], **overrides))
+    with pytest.raises(DraftHeadMismatchError, match=named) as info:
+        EagleDrafter.from_pretrained(tmp_path, other_target)
+    assert isinstance(info.value, MoeSpecError)
+
+
+def test_other_feature_layers_are_a_mismatch(qwen, tmp_path):
+    target, head = qwen
+    head.save_pretrained(tmp_path)
+    with pytest.raises(DraftHeadMismatchError, match="feature_layers"):
+        EagleDrafter.from_pretrained(tmp_path, TargetModel(target.model, feature_layers=(0, 2)))
+
+
+def test_loading_a_folder_without_a_head_is_a_clear_error(qwen, tmp_path):
+    with pytest.raises(MoeSpecError, match="config.json"):
+        EagleDrafter.from_pretrained(tmp_path, qwen[0])
+
+
+def _expanded_rows(drafter: EagleDrafter, calls: list) -> None:
+    """Record the row count of every tree forward (one per expanded depth)."""
+    draft = drafter._runner.draft
+
+    def counting(g, *args):
+        calls.append(g.shape[0])
+        return draft(g, *args)
+
+    drafter._runner.draft = counting
+
+
+@pytest.mark.parametrize("branching", [10, 3])
+def test_smaller_budgets_expand_fewer_nodes_and_keep_the_globally_best(qwen, branching):
+    """A budget of K nodes expands at most min(branching, K) nodes per depth, stops once no frontier node
+    can enter the top K, and still returns exactly the top K of the unpruned tree (closed under parents)."""
+    target, head = qwen
+    prompt = _prompt(seed=4)
+    drafter = _begun(target, head, prompt)
+    root, depth = int(prompt[-1]), 5
+    everything = drafter.propose(root, TreeBudget(10**6, depth, branching), SamplingConfig())  # never pruned
+    full_rows = drafter.rows_drafted
+    assert everything.num_drafted == _candidates(TreeBudget(10**6, depth, branching))
+    assert full_rows == (depth - 1) * branching
+    rows = {}
+    for k in (1, 2, 4, 8, 16, 32, 60):
+        calls = []
+        _expanded_rows(drafter, calls)
+        before = drafter.rows_drafted
+        tree = drafter.propose(root, TreeBudget(k, depth, branching), SamplingConfig())
+        rows[k] = drafter.rows_drafted - before
+        assert rows[k] == sum(calls) and all(m <= min(branching, k) for m in calls)
+        best = torch.sort(everything.scores[1:], descending=True, stable=True).indices[:k] + 1
+        reference = everything.subtree(torch.cat([torch.tensor([0]), best]))
+        assert torch.equal(tree.tokens, reference.tokens) and torch.equal(tree.parents, reference.parents)
+        assert torch.allclose(tree.scores, reference.scores, atol=1e-5)
+    assert rows[1] == 0 and rows[2] <= 2  # one node: no forward past the root; two: a chain at most
+    assert all(rows[a] <= rows[b] for a, b in zip((1, 2, 4, 8, 16, 32), (2, 4, 8, 16, 32, 60)))
+    assert rows[8] < full_rows
+
+
+def test_runner_matches_the_head_forward(qwen):
+    """HeadRunner (the drafter's fast path) computes what EagleHead.forward computes, tree masks included."""
+    from transformers import DynamicCache
+
+    from moe_spec.drafters.eagle_head import HeadRunner, additive_mask
+
+    target, head = qwen
+    torch.manual_seed(5)
+    d, n, m = head.config.hidden_size, 7, 3
+    embed = target.model.get_input_embeddings()
+    g, ids = torch.randn(n + m, d), torch.randint(0, target.vocab_size, (n + m,))
+    # n committed pairs, then m tree rows at one position: row 0 sees itself, rows 1-2 see row 0 and themselves
+    tree = torch.tensor([[1, 0, 0], [1, 1, 0], [1, 0, 1]], dtype=torch.bool)
+    visible = torch.cat([torch.cat([torch.tril(torch.ones(n, n, dtype=torch.bool)), torch.zeros(n, m, dtype=torch.bool)], 1),
+                         torch.cat([torch.ones(m, n, dtype=torch.bool), tree], 1)])
+    positions = torch.cat([torch.arange(n), torch.full((m,), n)])
+    with torch.no_grad():
+        expected = head(g[None], embed(ids)[None], additive_mask(visible[None], torch.float32), positions[None],
+                        DynamicCache())[0]
+    runner = HeadRunner(head, embed)
+    with torch.inference_mode():
+        runner.refresh()
+        last = runner.extend(g[:n], ids[:n])
+        closed = torch.finfo(torch.float32).min
+        rows = runner.draft(g[n:], ids[n:], n, n, torch.zeros(m, m).masked_fill_(~tree, closed))
+    assert torch.allclose(last, expected[n - 1], atol=1e-5)
+    assert torch.allclose(rows, expected[n:], atol=1e-5)
+    assert runner.length == n and runner.rows_extended == n and runner.rows_drafted == m
+
+
+def test_the_drafter_follows_changes_to_the_head_weights(qwen):
+    """The runner's fused weights are copies; training (in-place updates) must not leave them stale."""
+    target, _ = qwen
+    head = random_eagle_head(target, DRAFT_VOCAB, seed=6)
+    prompt = _prompt(seed=6)
+    drafter = _begun(target, head, prompt)
+    before = drafter.propose(int(prompt[-1]), TreeBudget(10, 3, 3), SamplingConfig())
+    with torch.no_grad():
+        head.layer.mlp.gate_proj.weight.mul_(-1.0)
+        head.layer.self_attn.q_proj.weight.mul_(3.0)
+    changed = drafter.propose(int(prompt[-1]), TreeBudget(10, 3, 3), SamplingConfig())
+    fresh = _begun(target, head, prompt).propose(int(prompt[-1]), TreeBudget(10, 3, 3), SamplingConfig())
+    assert torch.equal(changed.tokens, fresh.tokens) and torch.allclose(changed.scores, fresh.scores, atol=1e-5)
+    assert not torch.allclose(before.scores, changed.scores)
+
+
+def test_spawn_shares_the_head_not_the_cache(qwen):
+    target, head = qwen
+    prompt = _prompt(seed=7)
+    drafter = _begun(target, head, prompt)
+    twin = drafter.spawn()
+    assert twin.head is drafter.head and twin.default_budget == drafter.default_budget
+    with pytest.raises(RuntimeError, match="before begin"):
+        twin.propose(int(prompt[-1]), TreeBudget(4, 2, 2), SamplingConfig())
+
+
+def _reference_tree(target: TargetModel, head: EagleHead, prompt: torch.Tensor, budget: TreeBudget,
+                    sampling: SamplingConfig):
+    """The drafter before its fast path, kept as an oracle: EAGLE-2 grown through `EagleHead.forward` and a
+    DynamicCache with per-node bookkeeping, every candidate drafted (no pruning), then reranked."""
+    from transformers import DynamicCache
+
+    from moe_spec.drafters.eagle_head import additive_mask
+    from moe_spec.core.sampling import probabilities
+    from moe_spec.core.tree import DraftTree
+
+    embed = target.model.get_input_embeddings()
+    hidden = target.model(prompt[None, :-1], output_hidden_states=True).hidden_states
+    features = torch.stack([hidden[i][0] for i in target.feature_layers], dim=1)
+    g, pair_tokens = head.fuse(features), prompt[1:]  # pairs (position t, token t+1); the last is the root pair
+    n = pair_tokens.numel()
+    cache = DynamicCache()
+
+    def forward(g, tokens, visible, positions):
+        mask = additive_mask(visible[None], torch.float32)
+        return head(g[None], embed(tokens)[None], mask, positions[None], cache)[0]
+
+    def log_probs(h):
+        logits = head.logits(h).float()
+        return torch.log_softmax(logits, -1) if sampling.greedy else probabilities(logits, sampling).log()
+
+    h_root = forward(g, pair_tokens, torch.tril(torch.ones(n, n, dtype=torch.bool)), torch.arange(n))[-1]
+    committed, width = n - 1, budget.branching
+    tokens, parents, scores = [torch.tensor([-1])], [torch.tensor([-1])], [torch.zeros(1)]
+    h_of, seen = {0: h_root}, {0: torch.zeros(committed + 1, dtype=torch.bool)}
+    seen[0][committed] = True
+
+    def add_children(nodes, h, node_scores):
+        top_logp, top_ids = log_probs(h).topk(width, dim=-1)
+        cumulative = (node_scores[nodes][:, None] + top_logp).flatten()
+        keep = cumulative > float("-inf")
+        first = sum(t.numel() for t in tokens)
+        tokens.append(top_ids.flatten()[keep])
+        parents.append(nodes[:, None].expand(-1, width).flatten()[keep])
+        scores.append(cumulative[keep])
+        return torch.arange(first, first + int(keep.sum())), scores[-1]
+
+    frontier, frontier_scores = add_children(torch.tensor([0]), h_root[None], torch.zeros(1))
+    for depth in range(2, min(budget.max_depth, budget.max_nodes) + 1):
+        all_parents, all_tokens = torch.cat(parents), torch.cat(tokens)
+        order = frontier[torch.sort(frontier_scores, descending=True, stable=True).indices[:width]]
+        length, m = cache.get_seq_length(), order.numel()
+        visible = torch.zeros(m, length + m, dtype=torch.bool)
+        visible[:, :committed] = True
+        for row, node in enumerate(order.tolist()):
+            parent_seen = seen[int(all_parents[node])]
+            visible[row, : parent_seen.numel()] |= parent_seen
+            visible[row, length + row] = True
+            seen[node] = visible[row].clone()
+        g_rows = torch.stack([h_of[int(p)] for p in all_parents[order]])
+        h = forward(g_rows, head.draft_to_target[all_tokens[order]], visible, torch.full((m,), committed + depth - 1))
+        h_of.update(zip(order.tolist(), h))
+        frontier, frontier_scores = add_children(order, h, torch.cat(scores))
+    all_scores = torch.cat(scores)
+    keep = torch.sort(all_scores[1:], descending=True, stable=True).indices[: budget.max_nodes] + 1
+    ids = torch.cat(tokens)
+    ids[1:] = head.draft_to_target[ids[1:]]
+    ids[0] = int(prompt[-1])
+    return DraftTree(ids, torch.cat(parents), all_scores).subtree(torch.cat([torch.tensor([0]), keep]))
+
+
+@pytest.mark.parametrize("budget", [TreeBudget(60, 5, 10), TreeBudget(8, 5, 10), TreeBudget(16, 4, 6), TreeBudget(30, 6, 3)])
+@pytest.mark.parametrize("sampling", [SamplingConfig(), SamplingConfig(1.0)])
+def test_drafts_match_the_hf_forward_reference_for_a_saved_head(qwen, tmp_path, budget, sampling):
+    """A head saved in the released format (bf16 weights) loads and drafts what the plain HF-module path
+    drafts: same nodes, scores within 1e-5."""
+    target, head = qwen
+    head.save_pretrained(tmp_path)
+    loaded = EagleHead.from_pretrained(tmp_path)
+    prompt = _prompt(seed=8)
+    tree = _begun(target, loaded, prompt).propose(int(prompt[-1]), budget, sampling)
+    with torch.no_grad():
+        reference = _reference_tree(target, loaded, prompt, budget, sampling)
+    assert torch.equal(tree.tokens, reference.tokens) and torch.equal(tree.parents, reference.parents)
+    assert torch.allclose(tree.scores, reference.scores, atol=1e-5)

@@ -1,0 +1,116 @@
+"""`model.generate(..., custom_generate=speculative_generate)` is a drop-in for transformers users."""
+
+import pytest
+import torch
+from transformers.generation import GenerateDecoderOnlyOutput
+
+from moe_spec import InputError, LookupDrafter, SpecDecoder, TreeBudget
+from moe_spec.policy.static import StaticController
+from moe_spec.integrations.hf_generate import speculative_generate
+from moe_spec.testing.tiny_models import tiny_model
+
+from moe_spec.testing.helpers import PLAIN_PROMPT, REPETITIVE_PROMPT, hf_greedy
+
+
+class RecordingStreamer:
+    def __init__(self):
+        self.puts: list[list[int]] = []
+        self.ended = False
+
+    def put(self, value: torch.Tensor) -> None:
+        assert not self.ended
+        self.puts.append(value.flatten().tolist())
+
+    def end(self) -> None:
+        self.ended = True
+
+
+@pytest.mark.parametrize("prompt", [REPETITIVE_PROMPT, PLAIN_PROMPT])
+def test_greedy_drop_in_equals_spec_decoder_and_plain_generate(any_model, prompt):
+    ids = torch.tensor([prompt])
+    drop_in = any_model.generate(ids, custom_generate=speculative_generate, drafter=LookupDrafter(), max_new_tokens=20)
+    engine = SpecDecoder(any_model, drafter=LookupDrafter()).generate(ids, max_new_tokens=20).sequences
+    assert torch.equal(drop_in, engine)
+    assert torch.equal(drop_in, hf_greedy(any_model, prompt, 20))
+
+
+def test_controller_and_return_dict_are_honoured(moe_model):
+    ids = torch.tensor([REPETITIVE_PROMPT])
+    out = moe_model.generate(ids, custom_generate=speculative_generate, drafter=LookupDrafter(),
+                             controller=StaticController(TreeBudget(4, 8, 4)), max_new_tokens=16,
+                             do_sample=False, return_dict_in_generate=True)
+    assert isinstance(out, GenerateDecoderOnlyOutput)
+    assert torch.equal(out.sequences, hf_greedy(moe_model, REPETITIVE_PROMPT, 16))
+
+
+def test_left_padded_prompt_keeps_its_padding_and_decodes_like_generate():
+    model = tiny_model("qwen3_moe")
+    ids = torch.tensor([[0, 0, 0] + PLAIN_PROMPT])
+    mask = torch.tensor([[0, 0, 0] + [1] * len(PLAIN_PROMPT)])
+    drop_in = model.generate(ids, attention_mask=mask, custom_generate=speculative_generate, drafter=LookupDrafter(),
+                             max_new_tokens=12, pad_token_id=0)
+    plain = model.generate(ids, attention_mask=mask, do_sample=False, max_new_tokens=12, pad_token_id=0)
+    assert torch.equal(drop_in, plain)
+
+
+def test_sampling_with_a_seed_is_reproducible_and_stays_in_vocabulary():
+    model = tiny_model("mixtral")
+    ids = torch.tensor([REPETITIVE_PROMPT])
+    outputs = []
+    for _ in range(2):
+        torch.manual_seed(123)
+        outputs.append(model.generate(ids, custom_generate=speculative_generate, drafter=LookupDrafter(), do_sample=True,
+                                      temperature=0.9, top_k=20, top_p=0.9, max_new_tokens=16))
+    assert torch.equal(outputs[0], outputs[1])
+    new = outputs[0][0, len(REPETITIVE_PROMPT):]
+    assert 1 <= new.numel() <= 16 and int(new.min()) >= 0 and int(new.max()) < 96
+    explicit = [model.generate(ids, custom_generate=speculative_generate, drafter=LookupDrafter(), do_sample=True,
+                               generator=torch.Generator().manual_seed(7), max_new_tokens=16) for _ in range(2)]
+    assert torch.equal(explicit[0], explicit[1])
+
+
+def test_streamer_gets_the_prompt_once_then_every_new_token_then_end():
+    model = tiny_model("olmoe")
+    streamer = RecordingStreamer()
+    ids = torch.tensor([REPETITIVE_PROMPT])
+    out = model.generate(ids, custom_generate=speculative_generate, drafter=LookupDrafter(), max_new_tokens=20,
+                         streamer=streamer)
+    assert streamer.puts[0] == REPETITIVE_PROMPT
+    assert [t for put in streamer.puts[1:] for t in put] == out[0, len(REPETITIVE_PROMPT):].tolist()
+    assert len(streamer.puts) > 2 and streamer.ended
+
+
+@pytest.mark.parametrize("settings, message", [
+    ({"repetition_penalty": 1.3}, "RepetitionPenaltyLogitsProcessor"),
+    ({"num_beams": 2}, "beam"),
+    ({"return_dict_in_generate": True, "output_scores": True}, "output_scores"),
+])
+def test_settings_it_cannot_honour_are_refused(settings, message):
+    model = tiny_model("qwen3_moe")
+    with pytest.raises(InputError, match=message):
+        model.generate(torch.tensor([PLAIN_PROMPT]), custom_generate=speculative_generate, drafter=LookupDrafter(),
+                       max_new_tokens=4, **settings)
+
+
+def test_a_left_padded_batch_decodes_each_row_as_alone_and_pads_finished_rows():
+    model = tiny_model("mixtral")
+    rows = [REPETITIVE_PROMPT, PLAIN_PROMPT[:4], [7, 7, 7]]
+    width = max(len(r) for r in rows)
+    ids = torch.tensor([[0] * (width - len(r)) + r for r in rows])
+    mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows])
+    alone = [hf_greedy(model, r, 16)[0, len(r):].tolist() for r in rows]
+    eos = alone[1][2]  # row 1 stops at its third token
+    out = model.generate(ids, attention_mask=mask, custom_generate=speculative_generate, drafter=LookupDrafter(),
+                         max_new_tokens=16, eos_token_id=eos, pad_token_id=5)
+    assert torch.equal(out[:, :width], ids)
+    for row, expected in enumerate(alone):
+        expected = expected[: expected.index(eos) + 1] if eos in expected else expected
+        got = out[row, width:].tolist()
+        assert got[: len(expected)] == expected and all(t == 5 for t in got[len(expected):]), row
+
+
+def test_a_streamer_with_a_batch_is_refused():
+    model = tiny_model("qwen3_moe")
+    with pytest.raises(InputError, match="single prompt"):
+        model.generate(torch.tensor([PLAIN_PROMPT, PLAIN_PROMPT]), custom_generate=speculative_generate,
+                       drafter=LookupDrafter(), max_new_tokens=4, streamer=RecordingStreamer())

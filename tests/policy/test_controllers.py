@@ -1,0 +1,238 @@
+"""Every controller policy stays lossless, and the cost-aware ones decide as their economics say."""
+
+from dataclasses import replace
+
+import pytest
+import torch
+
+from moe_spec import LookupDrafter, SpecDecoder, TreeBudget
+from moe_spec.core.acceptance import Acceptance
+from moe_spec.policy.static import StaticController
+from moe_spec.policy.cost_aware import MoeAwareController, TruncateController, token_count_cost
+from moe_spec.policy.online_correction import AcceptanceCorrection
+from moe_spec.measure.latency import TimingConfig
+from moe_spec.measure.profiler import ProfileSettings, build_profile
+from moe_spec.core.target import TargetModel
+from moe_spec.testing.tiny_models import tiny_model
+from moe_spec.core.tree import DraftTree
+
+from moe_spec.testing.helpers import PLAIN_PROMPT, REPETITIVE_PROMPT, hf_greedy
+
+QUICK = ProfileSettings(
+    max_new_tokens=16, prefix_len=16, grid_tokens=(1, 4, 16), grid_experts=(2, 4, 8), natural_trees=6,
+    curve_sizes=(1, 2, 4, 8), timing=TimingConfig(repeats=2, warmup=1, evict_mb=0),
+)
+PROFILE_PROMPTS = [REPETITIVE_PROMPT, PLAIN_PROMPT, REPETITIVE_PROMPT[3:] * 2, [30, 31, 32, 33] * 4]
+
+
+class CountingLookupDrafter(LookupDrafter):
+    """The lookup drafter, counting how often it is asked to draft."""
+
+    proposals = 0
+
+    def propose(self, root_token, budget, sampling):
+        self.proposals += 1
+        return super().propose(root_token, budget, sampling)
+
+
+def _profiled(arch: str):
+    model = tiny_model(arch)
+    target = TargetModel(model)
+    profile = build_profile(target, LookupDrafter(), [torch.tensor(p) for p in PROFILE_PROMPTS], QUICK)
+    return model, target, profile
+
+
+@pytest.fixture(scope="module", params=["qwen3_moe", "gpt_oss", "deepseek_v3", "llama"])
+def profiled(request):
+    return _profiled(request.param)
+
+
+def _policies(profile):
+    return {
+        "static:4": StaticController(TreeBudget(4, 8, 4)),
+        "truncate": TruncateController(profile, token_count_cost(profile), budget=TreeBudget(16, 8, 4)),
+        "moe-aware": MoeAwareController(profile),
+        "moe-aware-noexperts": MoeAwareController(profile, price_experts=False),
+    }
+
+
+def test_every_policy_is_lossless_under_greedy(profiled):
+    model, target, profile = profiled
+    for name, controller in _policies(profile).items():
+        decoder = SpecDecoder(target, drafter=LookupDrafter(), controller=controller)
+        for prompt in (REPETITIVE_PROMPT, PLAIN_PROMPT):
+            result = decoder.generate(torch.tensor([prompt]), max_new_tokens=20)
+            assert torch.equal(result.sequences, hf_greedy(model, prompt, 20)), name
+
+
+def test_policies_return_connected_subtrees_with_the_root(profiled):
+    _, _, profile = profiled
+    generator = torch.Generator().manual_seed(0)
+    for _ in range(20):
+        n = int(torch.randint(1, 25, (1,), generator=generator))
+        parents = [-1] + [int(torch.randint(0, i, (1,), generator=generator)) for i in range(1, n)]
+        scores = torch.zeros(n)
+        for i in range(1, n):
+            scores[i] = scores[parents[i]] - float(torch.rand((), generator=generator)) * 2
+        tree = DraftTree(torch.randint(0, 90, (n,), generator=generator), torch.tensor(parents), scores)
+        for name, controller in _policies(profile).items():
+            (chosen,) = controller.select([tree], draft_ms=1.0)
+            assert int(chosen.tokens[0]) == int(tree.tokens[0]), name
+            assert len(chosen) <= len(tree)
+
+
+def test_no_speculation_when_the_cost_model_says_it_cannot_pay():
+    model, target, profile = _profiled("qwen3_moe")
+    costly_tokens = replace(profile, cost_model=replace(profile.cost_model, per_token_ms=1e3))
+    controller = MoeAwareController(costly_tokens, adapt=False)
+    drafter = CountingLookupDrafter()
+    decoder = SpecDecoder(target, drafter=drafter, controller=controller)
+    result = decoder.generate(torch.tensor([REPETITIVE_PROMPT]), max_new_tokens=24)
+    assert torch.equal(result.sequences, hf_greedy(model, REPETITIVE_PROMPT, 24))
+    assert all(step.tree_size == 0 for step in result.stats.steps)
+    assert drafter.proposals < len(result.stats.steps) // 2, "drafting pauses once speculation stops paying"
+
+
+def test_speculation_is_chosen_when_tokens_are_nearly_free():
+    model, target, profile = _profiled("qwen3_moe")
+    cheap = replace(profile, cost_model=replace(profile.cost_model, base_ms=10.0, per_token_ms=1e-3,
+                                                per_expert_ms=(1e-4,)))
+    decoder = SpecDecoder(target, drafter=LookupDrafter(), controller=MoeAwareController(cheap, adapt=False))
+    result = decoder.generate(torch.tensor([REPETITIVE_PROMPT * 2]), max_new_tokens=24)
+    assert result.stats.mean_tree_size > 1
+
+
+def test_online_corrections_reset_per_generate_unless_persisted():
+    _, target, profile = _profiled("mixtral")
+    for persist in (False, True):
+        controller = MoeAwareController(profile, persist=persist)
+        decoder = SpecDecoder(target, drafter=LookupDrafter(), controller=controller)
+        decoder.generate(torch.tensor([REPETITIVE_PROMPT]), max_new_tokens=16)
+        learned = dict(controller.acceptance_correction.predicted)
+        decoder.generate(torch.tensor([PLAIN_PROMPT]), max_new_tokens=2)
+        if persist:
+            assert controller.acceptance_correction.predicted == learned
+        else:
+            assert controller.acceptance_correction.predicted == {} or controller.acceptance_correction.predicted != learned
+
+
+def _forest(rows: int, nodes: int, seed: int) -> list[DraftTree]:
+    generator = torch.Generator().manual_seed(seed)
+    trees = []
+    for _ in range(rows):
+        parents = [-1] + [int(torch.randint(0, i, (1,), generator=generator)) for i in range(1, nodes)]
+        scores = torch.zeros(nodes)
+        for i in range(1, nodes):
+            scores[i] = scores[parents[i]] - float(torch.rand((), generator=generator))
+        trees.append(DraftTree(torch.randint(0, 90, (nodes,), generator=generator), torch.tensor(parents), scores))
+    return trees
+
+
+def test_batched_predictions_and_corrections_carry_the_row_term():
+    _, _, measured = _profiled("qwen3_moe")
+    profile = replace(measured, cost_model=replace(measured.cost_model, per_row_ms=0.0))
+    with_rows = replace(profile, cost_model=replace(profile.cost_model, per_row_ms=5.0))
+    trees = _forest(3, 6, seed=0)
+    plain, rowed = MoeAwareController(profile), MoeAwareController(with_rows)
+    assert rowed.predicted_verify_ms(trees) - plain.predicted_verify_ms(trees) == pytest.approx(2 * 5.0)
+    assert rowed.predicted_verify_ms(trees[:1]) == pytest.approx(plain.predicted_verify_ms(trees[:1]))
+    rowed.cost_correction.update(1.0, 1.5)  # measured 0.5 ms over the prediction
+    offset = rowed.cost_correction.offset_ms
+    assert offset > 0
+    assert rowed.cost_model().per_row_ms == pytest.approx(5.0), "marginal prices stay as profiled"
+    assert rowed.cost_model().per_token_ms == pytest.approx(with_rows.cost_model.per_token_ms)
+    assert rowed.cost_model().base_ms == pytest.approx(with_rows.cost_model.base_ms + offset)
+
+
+def test_truncate_prices_a_batch_with_the_row_term_and_learns_from_the_whole_pass():
+    _, _, measured = _profiled("qwen3_moe")
+    profile = replace(measured, cost_model=replace(measured.cost_model, per_row_ms=0.0))
+    token_cost = token_count_cost(profile)
+    trees = _forest(4, 12, seed=1)
+    kept = []
+    for per_row_ms in (0.0, 200.0):
+        dear_rows = replace(profile, cost_model=replace(profile.cost_model, per_row_ms=per_row_ms))
+        controller = TruncateController(dear_rows, token_count_cost(dear_rows), adapt=False)
+        kept.append(sum(t.num_drafted for t in controller.select(trees, draft_ms=1.0)))
+        assert [t.num_drafted for t in controller.select(trees[:1], draft_ms=1.0)] == [
+            t.num_drafted for t in TruncateController(profile, token_cost, adapt=False).select(trees[:1], draft_ms=1.0)
+        ], "one row: the row term plays no part"
+    assert kept[1] > kept[0], "a dear pass per row makes each row's drafted tokens relatively cheaper"
+    # the feedback prices the whole pass as B rows: a pass measured at that price needs no correction
+    dear_rows = replace(profile, cost_model=replace(profile.cost_model, per_row_ms=200.0))
+    dear_cost = token_count_cost(dear_rows)
+    controller = TruncateController(dear_rows, dear_cost)
+    measured = dear_cost(len(trees) * max(len(t) for t in trees), len(trees))  # a padded pass
+    controller.feedback(trees, [Acceptance([0, 1], 5) for _ in trees], measured, 1.0, None)
+    assert controller.cost_correction.offset_ms == pytest.approx(0.0)
+
+
+def test_values_of_a_batch_equal_each_trees_values(profiled):
+    """The batched computation against the definition: the calibrated path probability times the
+    depth's correction, made non-increasing down each path."""
+    _, _, profile = profiled
+    controller = MoeAwareController(profile)
+    for depth, (predicted, observed) in {1: (0.5, 1.0), 2: (0.5, 0.0), 3: (0.2, 0.0)}.items():
+        for _ in range(30):
+            controller.acceptance_correction.update(depth, predicted, observed)
+    generator = torch.Generator().manual_seed(1)
+    trees = []
+    for n in (1, 7, 19, 4):
+        parents = [-1] + [int(torch.randint(0, i, (1,), generator=generator)) for i in range(1, n)]
+        scores = torch.zeros(n)
+        for i in range(1, n):
+            scores[i] = scores[parents[i]] - float(torch.rand((), generator=generator)) * 2
+        trees.append(DraftTree(torch.randint(0, 90, (n,), generator=generator), torch.tensor(parents), scores))
+    for tree, batched in zip(trees, controller.values_of(trees)):
+        expected = profile.calibrated_path_probability(tree).double().clone()
+        factor = torch.tensor([1.0] + [controller.acceptance_correction.factor(d) for d in range(1, 8)], dtype=torch.float64)
+        expected = expected * factor[tree.depths]
+        for depth in range(1, int(tree.depths.max()) + 1):
+            level = tree.depths == depth
+            expected[level] = torch.minimum(expected[level], expected[tree.parents[level]])
+        expected[0] = 1.0
+        assert torch.allclose(batched, expected)
+    assert any(controller.acceptance_correction.factor(d) != 1.0 for d in (1, 2, 3))
+
+
+def test_draft_cost_tracker_separates_the_fixed_part_from_the_depths():
+    from moe_spec.policy.online_correction import DraftCostTracker
+
+    tracker = DraftCostTracker()
+    assert tracker.estimate() == (0.0, 0.0)
+    tracker.update(3, 6.0)
+    assert tracker.estimate() == (0.0, 2.0)  # one depth seen: spread over the depths
+    for depth in (2, 4, 5, 3, 2):
+        tracker.update(depth, 3.0 + 1.5 * depth)
+    fixed, per_depth = tracker.estimate()
+    assert 1.5 <= per_depth < 2.0 and fixed > 0.0
+
+
+def test_learning_from_a_batch_counts_every_verified_node_at_its_depth(profiled):
+    _, _, profile = profiled
+    trees = [t for t in _forest(3, 9, seed=4)] + [DraftTree.root_only(5)]
+    acceptances = [Acceptance([0, 1], 7), Acceptance([0], 7), Acceptance([0, 1, 3], 7), Acceptance([0], 7)]
+    controller = MoeAwareController(profile)
+    controller.feedback(trees, acceptances, 10.0, 1.0, None)
+    expected = AcceptanceCorrection()
+    for tree, acceptance in zip(trees, acceptances):  # the definition, node by node
+        values = profile.calibrated_path_probability(tree)
+        for node, depth in enumerate(tree.depths.tolist()):
+            if node:
+                expected.update(depth, float(values[node]), float(node in acceptance.path))
+    assert controller.acceptance_correction.observed == pytest.approx(expected.observed)
+    assert controller.acceptance_correction.predicted == pytest.approx(expected.predicted)
+
+
+def test_candidate_trees_go_deeper_only_after_a_choice_used_their_last_level(profiled):
+    _, _, profile = profiled
+    controller = MoeAwareController(profile, adapt=False)
+    default = TreeBudget(60, 5, 10)
+    chain = DraftTree.from_lists([1, 2, 3, 4], [-1, 0, 1, 2], scores=[0.0, -0.01, -0.02, -0.03])
+    controller._recent.extend([(2, 2, False)] * 4)  # chose 2 levels of deeper candidates
+    assert controller.candidate_budget(default).max_depth == 2
+    controller._recent.append((3, 3, True))  # a choice reached the candidates' last level
+    assert controller.candidate_budget(default).max_depth == 4
+    chosen = controller.select([chain], draft_ms=1.0)[0]
+    edge = controller._recent[-1][2]
+    assert edge == (int(chosen.depths.max()) == 3)

@@ -1,0 +1,105 @@
+import numpy as np
+import pytest
+import torch
+
+from moe_spec.profile.calibration import (
+    AcceptanceCalibration,
+    IsotonicMap,
+    NodeSamples,
+    cross_fitted_report,
+    expected_calibration_error,
+    isotonic_regression,
+)
+from moe_spec.measure.trace import TracedStep
+from moe_spec.core.tree import DraftTree
+
+
+def test_pav_pools_violators_into_weighted_means():
+    knots_x, knots_y = isotonic_regression(np.array([1, 2, 3, 4, 5.0]), np.array([1, 3, 2, 4, 3.5]))
+    assert knots_y.tolist() == pytest.approx([1.0, 2.5, 3.75])
+    assert knots_x.tolist() == pytest.approx([1.0, 2.5, 4.5])
+
+
+def test_pav_matches_scipy():
+    scipy_optimize = pytest.importorskip("scipy.optimize")
+    rng = np.random.default_rng(0)
+    for _ in range(20):
+        x = np.sort(rng.random(40))
+        y = (rng.random(40) < x).astype(float)
+        weight = rng.uniform(0.5, 2.0, 40)
+        reference = scipy_optimize.isotonic_regression(y, weights=weight).x  # per point, x already sorted
+        knots_x, knots_y = isotonic_regression(x, y, weight)
+        blocks = [np.flatnonzero(np.isclose(reference, value)) for value in knots_y]
+        assert np.unique(reference.round(12)).tolist() == pytest.approx(knots_y.tolist())
+        for value, members, knot in zip(knots_y, blocks, knots_x):
+            assert np.average(x[members], weights=weight[members]) == pytest.approx(knot)
+
+
+def test_ties_in_x_are_pooled():
+    knots_x, knots_y = isotonic_regression(np.array([1.0, 1.0, 1.0, 1.0]), np.array([0, 1, 1, 0.0]))
+    assert knots_x.tolist() == [1.0] and knots_y.tolist() == [0.5]
+
+
+def test_isotonic_map_round_trip_and_validation():
+    m = IsotonicMap.fit(np.array([0.1, 0.5, 0.9]), np.array([0.0, 1.0, 1.0]))
+    assert IsotonicMap.from_dict(m.to_dict()) == m
+    assert m(np.array([0.0, 1.0])).tolist() == [0.0, 1.0]
+    with pytest.raises(ValueError):
+        IsotonicMap.from_dict({"x": [0.2, 0.1], "y": [0.0, 1.0], "samples": 2})
+
+
+def test_ece_by_hand():
+    predicted = np.array([0.05, 0.05, 0.95, 0.95])
+    observed = np.array([0, 0, 1, 0])
+    # bin 0: |0.05 - 0| * 0.5; bin 9: |0.95 - 0.5| * 0.5
+    assert expected_calibration_error(predicted, observed) == pytest.approx(0.025 + 0.225)
+
+
+def _synthetic_steps(n_steps: int, seed: int) -> list[TracedStep]:
+    """Chains of depth 3 with conditional draft probability q; the target accepts with rate q**2."""
+    rng = np.random.default_rng(seed)
+    steps = []
+    for index in range(n_steps):
+        q = rng.uniform(0.05, 1.0, size=3)
+        scores = np.concatenate([[0.0], np.cumsum(np.log(q))])
+        accepted = rng.random(3) < q**2
+        tree = DraftTree.from_lists([10, 11, 12, 13], [-1, 0, 1, 2], scores.tolist())
+        argmax = torch.tensor([11 if accepted[0] else 0, 12 if accepted[1] else 0, 13 if accepted[2] else 0, 0])
+        path = [0]
+        for node in (1, 2, 3):
+            if not accepted[node - 1]:
+                break
+            path.append(node)
+        steps.append(TracedStep(index % 7, 0, tree, torch.zeros(0, 4, 0, dtype=torch.long), argmax, tuple(path), 1.0, 0.1))
+    return steps
+
+
+def test_calibration_learns_the_acceptance_curve_and_beats_raw_probabilities():
+    steps = _synthetic_steps(3000, seed=0)
+    calibration = AcceptanceCalibration.fit(NodeSamples.from_steps(steps))
+    q = np.array([0.2, 0.5, 0.9])
+    for depth in (1, 2, 3):
+        predicted = calibration.conditional_probability_of(q, np.full(3, depth))
+        assert predicted == pytest.approx(q**2, abs=0.08)
+    report = cross_fitted_report(steps)
+    assert report.calibrated_conditional_ece < 0.05 < report.raw_conditional_ece
+    assert report.calibrated_path_ece < report.raw_path_ece
+    assert report.calibrated_sum_per_step == pytest.approx(report.accepted_per_step, rel=0.1)
+
+
+def test_path_probability_is_the_product_along_the_path():
+    steps = _synthetic_steps(500, seed=1)
+    calibration = AcceptanceCalibration.fit(NodeSamples.from_steps(steps), min_bucket_samples=10)
+    tree = DraftTree.from_lists([1, 2, 3, 4], [-1, 0, 1, 0], np.log([1.0, 0.8, 0.4, 0.1]).tolist())
+    conditional = calibration.conditional_probability(tree)
+    path = calibration.path_probability(tree)
+    assert path[0] == 1.0 and conditional[0] == 1.0
+    assert path[2] == pytest.approx(float(conditional[1] * conditional[2]))
+    assert path[3] == pytest.approx(float(conditional[3]))
+    assert bool((path[2] <= path[1]))
+    assert AcceptanceCalibration.from_dict(calibration.to_dict()) == calibration
+
+
+def test_fit_needs_nodes():
+    with pytest.raises(ValueError, match="no drafted nodes"):
+        AcceptanceCalibration.fit(NodeSamples.from_steps([]))

@@ -1,0 +1,95 @@
+"""Training a draft head by self-distillation, on tiny random targets of several architectures."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import pytest
+import torch
+
+from moe_spec.drafters.eagle import EagleDrafter
+from moe_spec.drafters.eagle_head import EagleHead, config_for_target
+from moe_spec.core.engine import SpecDecoder
+from moe_spec.core.target import TargetModel
+from moe_spec.testing.tiny_models import tiny_model
+from moe_spec.training import train_draft
+from moe_spec.training.train_draft import DistillLoss, DraftTrainSettings, TokenData, draft_vocabulary
+
+torch.set_num_threads(1)
+
+
+def _data(seed: int = 0) -> TokenData:
+    generator = torch.Generator().manual_seed(seed)
+    return TokenData(torch.randint(3, 96, (3000,), generator=generator), torch.randint(3, 96, (600,), generator=generator))
+
+
+def _settings(out, **overrides) -> DraftTrainSettings:
+    small = dict(steps=4, batch_size=4, prompt_len=16, continuation_len=8, draft_vocab=64, vocab_batches=1,
+                 eval_batches=1, warmup_steps=2, lr=3e-3)
+    return DraftTrainSettings(out=str(out), **{**small, **overrides})
+
+
+@pytest.mark.parametrize("model_type", ["qwen3_moe", "gpt_oss", "deepseek_v3"])
+def test_trained_head_reloads_and_decodes_like_generate(model_type, tmp_path):
+    model = tiny_model(model_type)
+    target = TargetModel(model)
+    meta = train_draft.train_draft(target, _data(), _settings(tmp_path))
+    saved = json.loads((tmp_path / train_draft.META_FILE).read_text())
+    assert saved["steps"] == meta["steps"] == 4
+    assert len(saved["heldout_top1_agreement_by_depth"]) == 3
+    assert 0.0 < saved["heldout_token_coverage"] <= 1.0
+    assert saved["target"]["model_type"] == model_type
+
+    drafter = EagleDrafter.from_pretrained(tmp_path, target)
+    assert drafter.head.config.draft_vocab_size == 64
+    prompt = torch.randint(3, 96, (1, 10), generator=torch.Generator().manual_seed(5))
+    out = SpecDecoder(target, drafter=drafter).generate(prompt, max_new_tokens=24, eos_token_id=[])
+    reference = model.generate(prompt, do_sample=False, max_new_tokens=24, min_new_tokens=24, eos_token_id=[],
+                               pad_token_id=0)
+    assert torch.equal(out.sequences, reference)
+
+
+def test_training_lowers_the_distillation_loss(tmp_path):
+    target = TargetModel(tiny_model("qwen3_moe"))
+    meta = train_draft.train_draft(target, _data(), _settings(tmp_path, steps=40))
+    first, final = meta["first_train_loss_per_pass"], meta["final_train_loss_per_pass"]
+    assert all(f < s - 0.1 for f, s in zip(final, first)), (first, final)
+
+
+def test_same_seed_same_head(tmp_path):
+    target = TargetModel(tiny_model("qwen3_moe"))
+    for run in ("a", "b"):
+        train_draft.train_draft(target, _data(), _settings(tmp_path / run, steps=3))
+    a, b = EagleHead.from_pretrained(tmp_path / "a"), EagleHead.from_pretrained(tmp_path / "b")
+    assert all(torch.equal(x, y) for x, y in zip(a.state_dict().values(), b.state_dict().values()))
+
+
+def test_draft_vocabulary_ranks_corpus_and_generated_frequencies_equally():
+    corpus = torch.tensor([0, 50, 30, 20, 0])  # shares of ids 1, 2, 3: 0.5, 0.3, 0.2
+    generated = torch.tensor([0, 0, 0, 1, 1])  # shares of ids 3, 4: 0.5, 0.5
+    # totals 0.5, 0.3, 0.7, 0.5: id 3 first, then the tie 1 / 4 toward the lower id
+    assert draft_vocabulary(corpus, generated, 3).tolist() == [3, 1, 4]
+
+
+def test_loss_is_the_restricted_target_distribution_and_skips_uncovered_positions():
+    target = TargetModel(tiny_model("qwen3_moe"))
+    d2t = torch.arange(8)
+    head = EagleHead(config_for_target(target, draft_vocab_size=8), d2t)
+    loss_fn = DistillLoss(head, ttt_steps=1, ttt_decay=1.0)
+    features = torch.randn(1, 5, len(target.feature_layers), 32)
+    embeds = torch.randn(1, 5, 32)
+    logits = torch.randn(1, 5, 96)
+    logits[0, 1:, 50] = 100.0  # the target's argmax is outside the draft vocabulary everywhere ...
+    logits[0, 2, 3] = 200.0  # ... except at row 2 (pair 1), where it is draft token 3
+    loss, per_pass, _ = loss_fn(features, embeds, logits)
+    logq = torch.log_softmax(head.logits(head.unroll(features, embeds, 1)[0])[0, 1], -1)
+    p = logits[0, 2, :8].softmax(-1)
+    assert torch.allclose(loss, -(p * logq).sum(), atol=1e-5)
+
+
+def test_command_line_arguments():
+    parser = argparse.ArgumentParser()
+    train_draft.add_arguments(parser)
+    args = parser.parse_args(["--target", "t", "--out", "o", "--steps", "7", "--draft-vocab", "512", "--prompts", "a.py", "b.py"])
+    assert (args.steps, args.draft_vocab, args.prompts, args.seed) == (7, 512, ["a.py", "b.py"], 0)
