@@ -4,7 +4,8 @@ For every recorded step (an EAGLE-2 candidate tree with the target's argmax and 
 node) and every policy:
 
 1. the policy's own controller chooses the subtree to verify (`StaticController`,
-   `TruncateController`, `MoeAwareController`, built as `moe-spec bench` builds them), with the
+   `TruncateController`, `MoeAwareController`, built by `moe_spec.policy.registry` as for
+   `moe-spec bench`), with the
    *simulated* cost model in the profile's place: `moe-aware` keeps the profile's calibration and
    expert predictor and prices nodes with the simulated coefficients; `truncate` feeds its
    token-count curve (the profile's unique-experts curve) through the simulated model. Online
@@ -35,64 +36,27 @@ EAGLE-2 reached, not the one the policy would have); every policy pays EAGLE-2's
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 import torch
 
 from moe_spec.core.acceptance import accept_greedy
-from moe_spec.policy.registry import EAGLE2_BUDGET, STATIC_BEST, STATIC_GRID, split_name
+from moe_spec.policy.registry import AR, STATIC_BEST, build_controller, expand_methods, parse_methods, static_grid_names
 from moe_spec.core.control import Controller
-from moe_spec.policy.static import StaticController
-from moe_spec.policy.cost_aware import MoeAwareController, TruncateController, token_count_cost
 from moe_spec.profile.cost_model import CostModel
-from moe_spec.core.drafting import TreeBudget
 from moe_spec.errors import InputError
 from moe_spec.profile.artifact import Profile
 from moe_spec.experiments.trace_file import Trace, TraceError, TraceStep
 from moe_spec.core.tree import DraftTree
 
-AR = "ar"
 DRAFT_TIMES = ("scaled", "recorded", "zero")
 DEFAULT_POLICIES = (AR, "eagle2", STATIC_BEST, "truncate", "moe-aware", "moe-aware-noexperts")
 
 
-def _static(arg: str | None, profile: Profile) -> Controller:
-    if arg is None or not arg.isdigit() or int(arg) < 1:
-        raise InputError(f"policy 'static' needs a node budget >= 1, e.g. static:16 (got {arg!r})")
-    return StaticController(TreeBudget(int(arg), EAGLE2_BUDGET.max_depth, EAGLE2_BUDGET.branching))
-
-
-def _truncate(arg: str | None, profile: Profile) -> Controller:
-    try:
-        token_cost = token_count_cost(profile)
-    except ValueError as error:
-        raise InputError(f"policy 'truncate' needs the profile's unique-experts curve: {error}") from None
-    return TruncateController(profile, token_cost, adapt=False, budget=EAGLE2_BUDGET)
-
-
-# policy -> (argument, profile with the simulated cost model) -> controller; the same constructors
-# and budgets as `moe_spec.policy.registry`, with online corrections off
-POLICIES: dict[str, Callable[[str | None, Profile], Controller]] = {
-    "eagle2": lambda arg, profile: StaticController(EAGLE2_BUDGET),
-    "static": _static,
-    "truncate": _truncate,
-    "moe-aware": lambda arg, profile: MoeAwareController(profile, adapt=False),
-    "moe-aware-noexperts": lambda arg, profile: MoeAwareController(profile, price_experts=False, adapt=False),
-}
-
-
 def parse_policies(spec: str) -> list[str]:
-    names = [name.strip() for name in spec.split(",") if name.strip()]
-    if not names:
-        raise InputError("no policies given; e.g. --policies ar,eagle2,moe-aware")
-    for name in names:
-        base, arg = split_name(name)
-        if name not in (AR, STATIC_BEST) and base not in POLICIES:
-            raise InputError(f"unknown policy {name!r}; known: {', '.join([AR, *POLICIES, STATIC_BEST])} (static as static:N)")
-        if base in ("eagle2", "truncate", "moe-aware", "moe-aware-noexperts") and arg is not None:
-            raise InputError(f"policy {base!r} takes no argument, got {name}")
-    return list(dict.fromkeys(names))
+    """`--policies`: names of `moe_spec.policy.registry`, checked there."""
+    return parse_methods(spec, option="--policies")
 
 
 @dataclass(frozen=True)
@@ -229,12 +193,8 @@ def simulate(trace: Trace, profile: Profile, cost: CostModel, policies: Sequence
     factor = draft_factor(draft_time, cost, profile.cost_model)
     ar = [ar_step(step, cost) for step in trace.steps]
     results: dict[str, PolicyReplay] = {AR: PolicyReplay(AR, ar, summarise(ar))}
-    names = [n for n in policies if n not in (AR, STATIC_BEST)]
-    if STATIC_BEST in policies:
-        names += [f"static:{n}" for n in STATIC_GRID if f"static:{n}" not in names]
-    for name in names:
-        base, arg = split_name(name)
-        controller = POLICIES[base](arg, simulated)
+    for name in [n for n in expand_methods(list(policies)) if n != AR]:
+        controller = build_controller(name, lambda: simulated, adapt=False)
         replayed, prompt = [], None
         for step in trace.steps:
             if step.prompt_index != prompt:
@@ -243,7 +203,7 @@ def simulate(trace: Trace, profile: Profile, cost: CostModel, policies: Sequence
             replayed.append(replay_step(step, controller, cost, trace.greedy, factor))
         results[name] = PolicyReplay(name, replayed, summarise(replayed))
     if STATIC_BEST in policies:
-        grid = [results[f"static:{n}"] for n in STATIC_GRID]
+        grid = [results[n] for n in static_grid_names()]
         best = max(grid, key=lambda r: r.figures["tokens_per_s"])
         results[STATIC_BEST] = PolicyReplay(STATIC_BEST, best.steps, {**best.figures, "budget": best.name})
     baseline = results[AR].figures["tokens_per_s"]

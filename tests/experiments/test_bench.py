@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from moe_spec.policy.registry import METHODS, parse_methods
+from moe_spec.core.drafting import EAGLE2_BUDGET
+from moe_spec.policy.registry import METHODS, STATIC_GRID, build_controller, expand_methods, parse_methods
 from moe_spec.experiments.prompt_sets import CLASSES, MAX_TOKENS, MIN_TOKENS, build_prompt_sets
 from moe_spec.experiments.prompt_file import load_prompts
 from moe_spec.experiments.runner import method_order
@@ -90,11 +91,23 @@ def test_method_arguments_are_checked():
     assert parse_methods("ar, eagle2,static:16") == ["ar", "eagle2", "static:16"]
     with pytest.raises(InputError, match="more than once"):
         parse_methods("ar,ar")
-    context = None  # factories check their argument before touching the context
     with pytest.raises(InputError, match="static:16"):
-        METHODS["static"]("x", context)
+        parse_methods("ar,static:x")
     with pytest.raises(InputError, match="takes no argument"):
-        METHODS["ar"]("3", context)
+        parse_methods("ar:3")
+    with pytest.raises(InputError, match="not a method one run can use"):
+        build_controller("static-best", profile=lambda: None)
+
+
+def test_registry_builds_controllers_with_the_published_budgets():
+    def no_profile():
+        raise AssertionError("only methods that price nodes read the profile")
+
+    assert build_controller("ar", no_profile) is None
+    assert build_controller("eagle2", no_profile).budget == EAGLE2_BUDGET
+    assert build_controller("static:16", no_profile).budget == EAGLE2_BUDGET.with_nodes(16)
+    assert expand_methods(["ar", "static-best", "static:8"]) == ["ar", *[f"static:{n}" for n in STATIC_GRID]]
+    assert set(METHODS) == {"ar", "eagle2", "static", "truncate", "moe-aware", "moe-aware-noexperts"}
 
 
 def test_method_order_rotates_per_prompt():

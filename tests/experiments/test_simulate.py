@@ -15,7 +15,8 @@ from moe_spec.loading import load_target
 from moe_spec.measure.latency import TimingConfig
 from moe_spec.measure.profiler import ProfileSettings, build_profile
 from moe_spec.experiments.analytic_cost import DEVICES, ModelShapes, analytic_cost_model, scaled_expert_cost
-from moe_spec.experiments.replay import POLICIES, check_greedy_trace, recorded_step, simulate, summarise, unique_experts
+from moe_spec.policy.registry import METHODS
+from moe_spec.experiments.replay import check_greedy_trace, recorded_step, simulate, summarise, unique_experts
 from moe_spec.experiments.trace_file import TraceError, read_trace
 from moe_spec.core.target import TargetModel
 from moe_spec.testing.tiny_models import tiny_model
@@ -109,7 +110,7 @@ def test_every_policy_verifies_a_connected_subtree_with_the_root(traced):
     folder, _, trace = traced
     profile = trace.profile()
     cost = CostModel.from_dict(PRICED)
-    policies = ["ar", *[name for name in POLICIES if name != "static"], "static:4", "static-best"]
+    policies = [*[name for name in METHODS if name != "static"], "static:4", "static-best"]
     replays = simulate(trace, profile, cost, policies)
     for name, replay in replays.items():
         for step, replayed in zip(trace.steps, replay.steps):
