@@ -1,4 +1,10 @@
-"""`moe-spec generate`: decode one prompt and summarise what speculation did."""
+"""`moe-spec generate`: decode one prompt and summarise what speculation did.
+
+Without `--method` the drafter's own default tree is verified whole (`--drafter none`: plain
+autoregressive decoding). `--method NAME` decodes with a method of `moe_spec.policy.registry`
+(`ar`, `eagle2`, `static:N`, `truncate`, `moe-aware`, `moe-aware-noexperts`) on `--drafter`; the
+methods that price nodes read `--profile` (default: the profile shipped with the embedded pair).
+"""
 
 from __future__ import annotations
 
@@ -7,10 +13,17 @@ import json
 
 import torch
 
+from moe_spec.cli.defaults import field_defaults
 from moe_spec.core.engine import SpecDecoder
-from moe_spec.errors import InputError
-from moe_spec.loading import load_drafter, load_target, load_tokenizer
 from moe_spec.core.target import TargetModel
+from moe_spec.errors import InputError
+from moe_spec.experiments.runner import RunSettings
+from moe_spec.loading import load_drafter, load_target, load_tokenizer
+from moe_spec.measure.store import DEFAULT_PROFILE
+from moe_spec.policy.registry import Method, MethodContext, build_method, check_runnable, method_names
+from moe_spec.profile.artifact import Profile
+
+RUN_DEFAULTS = field_defaults(RunSettings)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -19,17 +32,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     prompt.add_argument("--prompt", help="prompt text (needs a tokenizer beside the model)")
     prompt.add_argument("--prompt-ids", help="prompt as space-separated token ids")
     parser.add_argument("--drafter", default="default", help="'none', 'lookup', 'default' (embedded head) or a head folder")
-    parser.add_argument("--max-new-tokens", type=int, default=64)
-    parser.add_argument("--temperature", type=float, default=0.0)
+    parser.add_argument("--method", default=None,
+                        help=f"a decoding method: {method_names()} (static-best is a bench aggregate, refused); "
+                             "default: the drafter's own tree")
+    parser.add_argument("--profile", default=None,
+                        help="profile JSON for truncate / moe-aware (default: the embedded pair's shipped profile)")
+    parser.add_argument("--max-new-tokens", type=int, default=RUN_DEFAULTS["max_new_tokens"])
+    parser.add_argument("--temperature", type=float, default=RUN_DEFAULTS["temperature"], help="0: greedy")
     parser.add_argument("--top-k", type=int, default=0)
     parser.add_argument("--top-p", type=float, default=1.0)
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=int, default=RUN_DEFAULTS["seed"])
     parser.add_argument("--dtype", default="float32")
     parser.add_argument("--experts-implementation", default="grouped_mm")
     parser.add_argument("--json", action="store_true", help="end with one JSON line")
 
 
 def run(args: argparse.Namespace) -> dict:
+    if args.method is not None:
+        check_runnable(args.method)  # before loading anything
     model = load_target(args.model, dtype=args.dtype, experts_implementation=args.experts_implementation)
     tokenizer = load_tokenizer(args.model)
     if args.prompt is not None:
@@ -39,8 +59,8 @@ def run(args: argparse.Namespace) -> dict:
     else:
         input_ids = torch.tensor([[int(t) for t in args.prompt_ids.split()]])
     target = TargetModel(model)
-    drafter_spec = args.drafter
-    decoder = SpecDecoder(target, drafter=load_drafter(drafter_spec, target))
+    method = _method(args, target)
+    decoder = SpecDecoder(target, drafter=method.drafter, controller=method.controller)
     result = decoder.generate(
         input_ids,
         max_new_tokens=args.max_new_tokens,
@@ -54,11 +74,26 @@ def run(args: argparse.Namespace) -> dict:
     stats = result.stats
     print(text)
     print(
-        f"[{stats.new_tokens} tokens, {stats.tokens_per_s:.1f} tok/s, mean accepted length "
-        f"{stats.mean_accept_len:.2f}, unique experts per layer per verify {stats.unique_experts_per_layer:.1f}, "
-        f"drafter {drafter_spec}]"
+        f"[{method.name}, drafter {args.drafter}: {stats.new_tokens} tokens in {len(stats.steps)} steps, "
+        f"{stats.tokens_per_s:.1f} tok/s, mean accepted length {stats.mean_accept_len:.2f}, "
+        f"mean verified tree {stats.mean_tree_size:.1f} nodes, unique experts per layer per verify "
+        f"{stats.unique_experts_per_layer:.1f}, verify {stats.verify_ms:.1f} ms, draft {stats.draft_ms:.1f} ms]"
     )
-    summary = {"command": "generate", "drafter": drafter_spec, "new_ids": new_ids.tolist(), **stats.summary()}
+    summary = {"command": "generate", "method": method.name, "drafter": args.drafter, "new_ids": new_ids.tolist(),
+               **stats.summary()}
     if args.json:
         print(json.dumps(summary))
     return summary
+
+
+def _method(args: argparse.Namespace, target: TargetModel) -> Method:
+    """--method from the registry; without it, the drafter with its own default tree."""
+    if args.method is None:
+        drafter = load_drafter(args.drafter, target)
+        return Method("ar" if drafter is None else "default", drafter, None)
+    profile = args.profile
+    if profile is None and args.model is None and args.drafter == "default" and DEFAULT_PROFILE.is_file():
+        profile = DEFAULT_PROFILE
+    context = MethodContext(target, lambda: load_drafter(args.drafter, target),
+                            (lambda: Profile.load(profile, target)) if profile is not None else None)
+    return build_method(args.method, context)

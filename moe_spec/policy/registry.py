@@ -132,12 +132,17 @@ def expand_methods(names: list[str]) -> list[str]:
     return expanded
 
 
-def build_controller(name: str, profile: ProfileSource, adapt: bool = True) -> Controller | None:
-    """The controller of method `name`; `profile` is called only by methods that price nodes."""
+def check_runnable(name: str) -> None:
+    """`check_name`, and `static-best` refused: one run decodes with one method."""
     check_name(name)
     if name == STATIC_BEST:
         raise InputError(f"{STATIC_BEST!r} is an aggregate over {', '.join(static_grid_names())} that bench and "
                          f"simulate report, not a method one run can use; pick one static:N")
+
+
+def build_controller(name: str, profile: ProfileSource, adapt: bool = True) -> Controller | None:
+    """The controller of method `name`; `profile` is called only by methods that price nodes."""
+    check_runnable(name)
     base, arg = split_name(name)
     try:
         return METHODS[base].build(arg, profile, adapt)
@@ -192,6 +197,6 @@ class Method:
 
 def build_method(name: str, context: MethodContext) -> Method:
     """Method `name` for a real run (online corrections on)."""
-    check_name(name)
-    drafter = context.drafter(name) if name != STATIC_BEST and METHODS[split_name(name)[0]].drafts else None
+    check_runnable(name)
+    drafter = context.drafter(name) if METHODS[split_name(name)[0]].drafts else None
     return Method(name, drafter, build_controller(name, lambda: context.profile(name), adapt=True))

@@ -5,6 +5,7 @@ import json
 import pytest
 
 from moe_spec.cli.main import main
+from moe_spec.policy.registry import METHODS, STATIC_GRID
 
 from moe_spec.testing.helpers import REPETITIVE_PROMPT
 
@@ -38,3 +39,31 @@ def test_missing_model_folder_is_a_clear_error(tmp_path, capsys):
     code = main(["generate", "--model", str(tmp_path / "nothing"), "--prompt-ids", "1 2 3", "--drafter", "lookup"])
     assert code == 2
     assert "no model at" in capsys.readouterr().err
+
+
+def test_generate_runs_every_registered_method_on_the_embedded_pair_with_ars_greedy_output(capsys):
+    ids = " ".join(map(str, REPETITIVE_PROMPT))
+    outputs = {}
+    for method in [name if name != "static" else f"static:{STATIC_GRID[0]}" for name in METHODS]:
+        assert main(["generate", "--prompt-ids", ids, "--method", method, "--max-new-tokens", "8", "--json"]) == 0, method
+        lines = capsys.readouterr().out.strip().splitlines()
+        assert f"[{method}, drafter default:" in lines[-2] and "mean accepted length" in lines[-2], method
+        summary = json.loads(lines[-1])
+        assert summary["method"] == method and summary["steps"] >= 1, method
+        assert summary["new_tokens"] == len(summary["new_ids"]) == 8, method
+        outputs[method] = summary["new_ids"]
+    assert all(ids == outputs["ar"] for ids in outputs.values()), outputs
+
+
+def test_generate_refuses_static_best_and_unknown_methods(capsys):
+    assert main(["generate", "--prompt-ids", "1 2 3", "--method", "static-best"]) == 2
+    assert "'static-best' is an aggregate" in capsys.readouterr().err
+    assert main(["generate", "--prompt-ids", "1 2 3", "--method", "medusa"]) == 2
+    assert "unknown method 'medusa'" in capsys.readouterr().err
+
+
+def test_generate_method_that_prices_nodes_needs_a_profile_off_the_embedded_pair(tiny_folder, capsys):
+    code = main(["generate", "--model", str(tiny_folder), "--prompt-ids", "1 2 3", "--drafter", "lookup",
+                 "--method", "moe-aware"])
+    assert code == 2
+    assert "needs a profile of the target; pass --profile" in capsys.readouterr().err
