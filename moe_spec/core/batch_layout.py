@@ -8,8 +8,11 @@ committed columns plus its accepted path, right-aligned again in a cache of the 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 
+from moe_spec.core.forest import StepForest
 from moe_spec.core.tree import DraftTree, ancestor_mask
 
 
@@ -29,8 +32,8 @@ def prefill_inputs(prompts: list[torch.Tensor], pad_token: int) -> tuple[torch.T
     return input_ids, tree_mask, position_ids, valid
 
 
-def step_inputs(trees: list[DraftTree], lengths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Rows' trees padded to one width: input_ids [B, N], tree_mask [B, N, N], position_ids [B, N].
+def step_inputs(forest: StepForest | Sequence[DraftTree], lengths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Rows' trees padded to the forest's width N: input_ids [B, N], tree_mask [B, N, N], position_ids [B, N].
 
     lengths: [B] long, each row's committed tokens (its next position). A padding slot is a copy of
     its row's root: same token, same position, seeing the row's prefix and itself. Its hidden states
@@ -38,8 +41,8 @@ def step_inputs(trees: list[DraftTree], lengths: torch.Tensor) -> tuple[torch.Te
     the rows do not load anyway (it still costs its token's compute). Nothing reads its outputs and
     no node sees it; compaction drops its cache column.
     """
-    width = max(len(t) for t in trees)
-    batch = len(trees)
+    forest = StepForest.of(forest)
+    trees, width, batch = forest.trees, forest.width, forest.rows
     input_ids = torch.stack([t.tokens[:1] for t in trees]).repeat(1, width)  # [B, N]: every slot the root
     tree_mask = torch.eye(width, dtype=torch.bool).repeat(batch, 1, 1)
     position_ids = lengths[:, None].repeat(1, width).clone()

@@ -1,38 +1,37 @@
-"""The controller protocol: how large a candidate tree to draft, and which part of it to verify.
+"""The controller protocol: which part of the drafted candidates to verify, and how large a
+candidate tree to draft next.
 
-Controllers see every row of a batch at once, because the rows share one verify pass: a row's
-node is cheap when its experts are loaded for another row anyway. With one prompt the lists
-have one entry.
+Two calls per step and no state carried between them: `plan` sees the step's candidate trees and
+returns a `StepPlan` (the subtrees to verify and the budget for the next step's candidates);
+`observe` sees the `StepRecord` of what then happened. `begin` starts a `generate` call and gives
+the first step's budget. Controllers see every row of a batch at once, because the rows share one
+verify pass: a row's node is cheap when its experts are loaded for another row anyway.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Protocol
 
-from moe_spec.core.acceptance import Acceptance
 from moe_spec.core.drafting import TreeBudget
-from moe_spec.core.routing import Routing
-from moe_spec.core.tree import DraftTree
+from moe_spec.core.forest import StepForest
+from moe_spec.core.step_record import StepRecord
+
+
+@dataclass(frozen=True)
+class StepPlan:
+    verify: StepForest  # per row, the subtree to verify: connected, containing the root (alone: a plain step)
+    next_budget: TreeBudget  # the candidate tree the drafter expands to at the next step
 
 
 class Controller(Protocol):
-    def reset(self) -> None:
-        """Called at the start of every `generate`."""
+    def begin(self, default: TreeBudget) -> TreeBudget:
+        """Called at the start of every `generate` with the drafter's default budget; returns the
+        first step's candidate budget."""
 
-    def candidate_budget(self, default: TreeBudget) -> TreeBudget:
-        """The budget the drafter expands its candidate trees to."""
+    def plan(self, candidates: StepForest, draft_ms: float) -> StepPlan:
+        """Called every step, also when nothing was drafted (every candidate the root alone).
+        draft_ms: what drafting the candidates cost (already spent)."""
 
-    def select(self, candidates: Sequence[DraftTree], draft_ms: float) -> list[DraftTree]:
-        """Per row, the subtree to verify: connected, containing the root (root alone: a plain AR
-        step). draft_ms: what drafting the candidates cost (already spent)."""
-
-    def feedback(
-        self,
-        verified: Sequence[DraftTree],
-        acceptances: Sequence[Acceptance],
-        verify_ms: float,
-        draft_ms: float,
-        routing: Sequence[Routing],
-    ) -> None:
-        """What the target accepted per row, and what the shared step cost."""
+    def observe(self, record: StepRecord) -> None:
+        """What the step verified, accepted and cost."""

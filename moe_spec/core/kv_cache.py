@@ -15,10 +15,6 @@ import torch
 from transformers import DynamicCache
 
 
-def new_cache() -> DynamicCache:
-    return DynamicCache()
-
-
 def cache_length(cache: DynamicCache) -> int:
     return cache.get_seq_length()
 

@@ -18,7 +18,8 @@ class StepStats:
     unique_experts_per_layer: tuple[int, ...]  # distinct experts per MoE layer in the verify pass
     rows: int = 1  # sequences verified together in this pass (tree_size and accepted_length sum over them)
     verified_tokens: int = 0  # tokens in the verify pass, padding included
-    overhead_ms: float = 0.0  # engine time after the verify pass: acceptance, cache compaction, drafter commit, feedback
+    plan_ms: float = 0.0  # the controller's plan (which nodes to verify, the next candidate budget)
+    overhead_ms: float = 0.0  # engine time after the verify pass: acceptance, cache compaction, drafter commit, observe
 
 
 @dataclass
@@ -55,6 +56,10 @@ class GenerationStats:
         return sum(s.draft_ms for s in self.steps)
 
     @property
+    def plan_ms(self) -> float:
+        return sum(s.plan_ms for s in self.steps)
+
+    @property
     def mean_tree_size(self) -> float:
         """Drafted nodes verified per row per step."""
         return sum(s.tree_size for s in self.steps) / sum(s.rows for s in self.steps) if self.steps else 0.0
@@ -81,6 +86,7 @@ class GenerationStats:
             "mean_tree_size": round(self.mean_tree_size, 3),
             "verify_ms": round(self.verify_ms, 3),
             "draft_ms": round(self.draft_ms, 3),
+            "plan_ms": round(self.plan_ms, 3),
             "prefill_ms": round(self.prefill_ms, 3),
             "total_ms": round(self.total_ms, 3),
             "unique_experts_per_layer": round(self.unique_experts_per_layer, 3),

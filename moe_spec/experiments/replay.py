@@ -44,10 +44,13 @@ import torch
 from moe_spec.core.acceptance import accept_greedy
 from moe_spec.policy.registry import AR, STATIC_BEST, build_controller, expand_methods, parse_methods, static_grid_names
 from moe_spec.core.control import Controller
+from moe_spec.core.drafting import EAGLE2_BUDGET
 from moe_spec.profile.cost_model import CostModel
 from moe_spec.errors import InputError
 from moe_spec.profile.artifact import Profile
-from moe_spec.experiments.trace_file import Trace, TraceError, TraceStep
+from moe_spec.core.forest import StepForest
+from moe_spec.core.step_record import StepRecord
+from moe_spec.experiments.trace_file import Trace, TraceError
 from moe_spec.core.tree import DraftTree
 
 DRAFT_TIMES = ("scaled", "recorded", "zero")
@@ -68,9 +71,9 @@ class ReplayedStep:
     unique_experts: tuple[int, ...]  # [L] distinct experts per MoE layer over `keep`, from recorded routing
 
 
-def unique_experts(step: TraceStep, keep: Sequence[int]) -> tuple[int, ...]:
+def unique_experts(step: StepRecord, keep: Sequence[int]) -> tuple[int, ...]:
     """[L] distinct experts each MoE layer loads for nodes `keep`, from the recorded routing."""
-    chosen = step.experts[:, list(keep)]  # [L, |S|, K]
+    chosen = step.experts()[:, list(keep)]  # [L, |S|, K]
     return tuple(int(torch.unique(layer).numel()) for layer in chosen)
 
 
@@ -95,28 +98,28 @@ def subtree_indices(tree: DraftTree, chosen: DraftTree) -> list[int]:
     return index
 
 
-def accepted_tokens(step: TraceStep, keep: Sequence[int], greedy: bool) -> int:
+def accepted_tokens(step: StepRecord, keep: Sequence[int], greedy: bool) -> int:
     """Tokens the step produces when only `keep` is verified (see module docstring, point 2)."""
     if greedy:
         keep = list(keep)
-        vocabulary = int(max(step.argmax.max(), step.tree.tokens.max())) + 1
-        logits = torch.nn.functional.one_hot(step.argmax[keep], vocabulary).float()  # [|S|, V]
-        return accept_greedy(step.tree.subtree(keep), logits).num_accepted + 1
+        tree, argmax = step.tree(), step.node_argmax()
+        vocabulary = int(max(argmax.max(), tree.tokens.max())) + 1
+        logits = torch.nn.functional.one_hot(argmax[keep], vocabulary).float()  # [|S|, V]
+        return accept_greedy(tree.subtree(keep), logits).num_accepted + 1
     kept = set(keep)
     produced = 1
-    for node in step.accepted_path[1:]:
+    for node in step.acceptances[0].path[1:]:
         if node not in kept:
             break
         produced += 1
     return produced
 
 
-def replay_step(step: TraceStep, controller: Controller, cost: CostModel, greedy: bool, draft_factor: float = 1.0) -> ReplayedStep:
+def replay_step(step: StepRecord, controller: Controller, cost: CostModel, greedy: bool, draft_factor: float = 1.0) -> ReplayedStep:
     draft_ms = step.draft_ms * draft_factor
-    if step.tree.num_drafted:  # as the engine, which asks the controller only when something was drafted
-        keep = tuple(subtree_indices(step.tree, controller.select([step.tree], draft_ms)[0]))
-    else:
-        keep = (0,)
+    tree = step.tree()
+    chosen = controller.plan(StepForest((tree,)), draft_ms).verify[0]
+    keep = tuple(subtree_indices(tree, chosen)) if tree.num_drafted else (0,)
     unique = unique_experts(step, keep)
     return ReplayedStep(keep, accepted_tokens(step, keep, greedy), cost.predict_ms(len(keep), unique), draft_ms, unique)
 
@@ -135,26 +138,26 @@ def draft_factor(draft_time: str, cost: CostModel, profiled: CostModel) -> float
     return dense / dense_profiled
 
 
-def ar_step(step: TraceStep, cost: CostModel) -> ReplayedStep:
+def ar_step(step: StepRecord, cost: CostModel) -> ReplayedStep:
     unique = unique_experts(step, [0])
     return ReplayedStep((0,), 1, cost.predict_ms(1, unique), 0.0, unique)
 
 
-def recorded_step(step: TraceStep) -> ReplayedStep:
+def recorded_step(step: StepRecord) -> ReplayedStep:
     """The step as it was measured (EAGLE-2 verifying its whole tree), for comparison."""
-    keep = tuple(range(len(step.tree)))
-    return ReplayedStep(keep, len(step.accepted_path), step.verify_ms, step.draft_ms, unique_experts(step, keep))
+    keep = tuple(range(len(step.tree())))
+    return ReplayedStep(keep, len(step.acceptances[0].path), step.verify_ms, step.draft_ms, unique_experts(step, keep))
 
 
 def check_greedy_trace(trace: Trace) -> None:
     """Scoring each traced tree from its recorded argmax must give the recorded accepted path."""
-    for step in trace.steps:
-        keep = list(range(len(step.tree)))
-        vocabulary = int(max(step.argmax.max(), step.tree.tokens.max())) + 1
-        acceptance = accept_greedy(step.tree, torch.nn.functional.one_hot(step.argmax[keep], vocabulary).float())
-        if tuple(acceptance.path) != step.accepted_path:
-            raise TraceError(f"{trace.path}: prompt {step.prompt_index} step {step.step}: the recorded argmax does not "
-                             f"reproduce the recorded accepted path {list(step.accepted_path)}")
+    for number, step in enumerate(trace.steps):
+        tree, argmax, recorded = step.tree(), step.node_argmax(), step.acceptances[0].path
+        vocabulary = int(max(argmax.max(), tree.tokens.max())) + 1
+        acceptance = accept_greedy(tree, torch.nn.functional.one_hot(argmax, vocabulary).float())
+        if acceptance.path != list(recorded):
+            raise TraceError(f"{trace.path}: prompt {step.rows[0]} (step {number} of the trace): the recorded argmax "
+                             f"does not reproduce the recorded accepted path {list(recorded)}")
 
 
 def summarise(steps: Sequence[ReplayedStep]) -> dict:
@@ -197,9 +200,9 @@ def simulate(trace: Trace, profile: Profile, cost: CostModel, policies: Sequence
         controller = build_controller(name, lambda: simulated, adapt=False)
         replayed, prompt = [], None
         for step in trace.steps:
-            if step.prompt_index != prompt:
-                controller.reset()
-                prompt = step.prompt_index
+            if step.rows[0] != prompt:  # a new prompt: a new `generate` call
+                controller.begin(EAGLE2_BUDGET)
+                prompt = step.rows[0]
             replayed.append(replay_step(step, controller, cost, trace.greedy, factor))
         results[name] = PolicyReplay(name, replayed, summarise(replayed))
     if STATIC_BEST in policies:

@@ -13,7 +13,11 @@ then one line per step:
      "candidate_nodes": 61,                             # nodes the drafter proposed, root included
      "argmax": [N],                                     # the target's argmax at each node
      "experts": [[[K] * N] * L],                         # routing of each node, per MoE layer
-     "accepted_path": [0, 4, 9], "bonus_token": 812, "verify_ms": 31.2, "draft_ms": 6.1}
+     "accepted_path": [0, 4, 9], "bonus_token": 812, "verify_ms": 31.2, "draft_ms": 6.1, "plan_ms": 0.1,
+     "candidates": {"tokens": ..., "parents": ..., "scores": ...}}  # only when they differ from the verified tree
+
+Each line is one row of a `StepRecord` (`moe_spec.core.step_record`), the engine's own record of a
+step, and reads back as one (`step_from_json`).
 
 EAGLE-2 verifies its whole candidate tree (a static 60-node budget over a 60-node tree), so each
 step holds what the target said about every node it could have verified: `replay` can choose any
@@ -35,10 +39,14 @@ from pathlib import Path
 
 import torch
 
-from moe_spec.core.engine import SpecDecoder, StepRecord
+from moe_spec.core.acceptance import Acceptance
+from moe_spec.core.engine import SpecDecoder
+from moe_spec.core.forest import StepForest
+from moe_spec.core.routing import Routing, empty_routing
+from moe_spec.core.step_record import DecodeObserver, StepRecord
+from moe_spec.core.tree import DraftTree
 from moe_spec.errors import InputError
 from moe_spec.profile.artifact import Profile, fingerprint
-from moe_spec.core.tree import DraftTree
 
 FORMAT = "moe_spec.trace"
 VERSION = 1
@@ -48,49 +56,52 @@ class TraceError(InputError):
     """A trace file that cannot be replayed: missing, malformed, of another version or inconsistent."""
 
 
-@dataclass(frozen=True)
-class TraceStep:
-    prompt_index: int
-    prompt_class: str
-    step: int  # within its prompt's generation
-    prefix_len: int  # tokens in the target's cache before the step
-    tree: DraftTree  # the verified tree
-    candidate_nodes: int  # nodes the drafter proposed (root included); == len(tree) for EAGLE-2
-    argmax: torch.Tensor  # [N] long: the target's argmax at each node of `tree`
-    experts: torch.Tensor  # [L, N, K] long: routing of each node of `tree`
-    accepted_path: tuple[int, ...]  # node indices, root first
-    bonus_token: int
-    verify_ms: float  # measured
-    draft_ms: float  # measured
+def step_to_json(record: StepRecord, prompt_class: str, step: int) -> dict:
+    """One line of a trace: a one-row `StepRecord` (`StepRecord.row`) of prompt `record.rows[0]`."""
+    tree, candidates = record.tree(0), record.candidates[0]
+    line = {
+        "kind": "step", "prompt": record.rows[0], "class": prompt_class, "step": step,
+        "prefix_len": record.prefix_lens[0], "tokens": tree.tokens.tolist(), "parents": tree.parents.tolist(),
+        "scores": [round(float(s), 6) for s in tree.scores], "candidate_nodes": len(candidates),
+        "argmax": record.node_argmax(0).tolist(), "experts": record.experts(0).tolist(),
+        "accepted_path": list(record.acceptances[0].path), "bonus_token": record.acceptances[0].bonus_token,
+        "verify_ms": round(record.verify_ms, 4), "draft_ms": round(record.draft_ms, 4), "plan_ms": round(record.plan_ms, 4),
+    }
+    if len(candidates) != len(tree) or not torch.equal(candidates.tokens, tree.tokens):
+        line["candidates"] = {"tokens": candidates.tokens.tolist(), "parents": candidates.parents.tolist(),
+                              "scores": [round(float(s), 6) for s in candidates.scores]}
+    return line
 
-    def to_json(self) -> dict:
-        return {
-            "kind": "step", "prompt": self.prompt_index, "class": self.prompt_class, "step": self.step,
-            "prefix_len": self.prefix_len, "tokens": self.tree.tokens.tolist(), "parents": self.tree.parents.tolist(),
-            "scores": [round(float(s), 6) for s in self.tree.scores], "candidate_nodes": self.candidate_nodes,
-            "argmax": self.argmax.tolist(), "experts": self.experts.tolist(), "accepted_path": list(self.accepted_path),
-            "bonus_token": self.bonus_token, "verify_ms": round(self.verify_ms, 4), "draft_ms": round(self.draft_ms, 4),
-        }
 
-    @staticmethod
-    def from_json(data: dict) -> "TraceStep":
-        tree = DraftTree(torch.tensor(data["tokens"], dtype=torch.long), torch.tensor(data["parents"], dtype=torch.long),
-                         torch.tensor(data["scores"], dtype=torch.float32))
-        experts = torch.tensor(data["experts"], dtype=torch.long)
-        if experts.numel() == 0:
-            experts = experts.reshape(0, len(tree), 0)
-        argmax = torch.tensor(data["argmax"], dtype=torch.long)
-        if argmax.shape != (len(tree),) or experts.dim() != 3 or experts.shape[1] != len(tree):
-            raise ValueError(f"argmax {tuple(argmax.shape)} / experts {tuple(experts.shape)} do not fit {len(tree)} nodes")
-        return TraceStep(int(data["prompt"]), str(data["class"]), int(data["step"]), int(data["prefix_len"]), tree,
-                         int(data["candidate_nodes"]), argmax, experts, tuple(int(i) for i in data["accepted_path"]),
-                         int(data["bonus_token"]), float(data["verify_ms"]), float(data["draft_ms"]))
+def _tree_from_json(data: dict) -> DraftTree:
+    return DraftTree(torch.tensor(data["tokens"], dtype=torch.long), torch.tensor(data["parents"], dtype=torch.long),
+                     torch.tensor(data["scores"], dtype=torch.float32))
+
+
+def step_from_json(data: dict, layers: tuple[int, ...], num_experts: int) -> StepRecord:
+    """The one-row `StepRecord` a trace line holds. Traces written before candidates were stored
+    (only their count) read the verified tree as the candidates."""
+    tree = _tree_from_json(data)
+    experts = torch.tensor(data["experts"], dtype=torch.long)
+    if experts.numel() == 0:
+        experts = experts.reshape(0, len(tree), 0)
+    argmax = torch.tensor(data["argmax"], dtype=torch.long)
+    if argmax.shape != (len(tree),) or experts.dim() != 3 or experts.shape[1] != len(tree):
+        raise ValueError(f"argmax {tuple(argmax.shape)} / experts {tuple(experts.shape)} do not fit {len(tree)} nodes")
+    if experts.shape[0] != len(layers):
+        raise ValueError(f"experts cover {experts.shape[0]} MoE layers, the traced target has {len(layers)}")
+    candidates = _tree_from_json(data["candidates"]) if "candidates" in data else tree
+    routing = Routing(layers, num_experts, experts) if layers else empty_routing()
+    acceptance = Acceptance([int(i) for i in data["accepted_path"]], int(data["bonus_token"]))
+    return StepRecord((int(data["prompt"]),), (int(data["prefix_len"]),), (candidates,), StepForest((tree,)), (acceptance,),
+                      argmax[None], routing, float(data["verify_ms"]), float(data["draft_ms"]), float(data.get("plan_ms", 0.0)))
 
 
 @dataclass(frozen=True)
 class Trace:
     header: dict
-    steps: list[TraceStep]
+    steps: list[StepRecord]  # one-row records, in file order; `rows[0]` is the prompt index
+    classes: dict[int, str]  # prompt index -> its class
     path: Path
 
     @property
@@ -128,19 +139,20 @@ class TraceWriter:
         self._file.close()
 
     def observer(self, prompt_index: int, prompt_class: str):
-        """A `SpecDecoder` step observer writing the steps of one prompt's generation."""
+        """A `SpecDecoder` observer writing the steps of one prompt's generation."""
         counter = itertools.count()
 
-        def observe(record: StepRecord) -> None:
-            step = TraceStep(
-                prompt_index, prompt_class, next(counter), record.prefix_len, record.verified, len(record.candidates),
-                record.argmax, record.experts, tuple(record.acceptance.path), record.acceptance.bonus_token,
-                record.verify_ms, record.draft_ms,
-            )
-            self._file.write(json.dumps(step.to_json()) + "\n")
-            self.steps += 1
+        writer = self
 
-        return observe
+        class Observer(DecodeObserver):
+            def on_step(self, record: StepRecord) -> None:
+                for b in range(record.batch):
+                    line = step_to_json(record.row(b), prompt_class, next(counter))
+                    line["prompt"] = prompt_index
+                    writer._file.write(json.dumps(line) + "\n")
+                    writer.steps += 1
+
+        return Observer()
 
 
 def record_bench_trace(
@@ -180,7 +192,7 @@ def record_bench_trace(
     with TraceWriter(path, header) as writer:
         for index, (ids, prompt_class) in enumerate(zip(prompts, classes)):
             decoder = SpecDecoder(target, drafter=method.drafter, controller=method.controller,
-                                  step_observer=writer.observer(index, prompt_class))
+                                  observer=writer.observer(index, prompt_class))
             result = decoder.generate(ids, max_new_tokens=settings.max_new_tokens, temperature=settings.temperature,
                                       generator=prompt_generator(settings.seed, index))
             outputs[index] = tuple(result.sequences[0, ids.shape[1]:].tolist())
@@ -212,7 +224,9 @@ def read_trace(path: str | Path) -> Trace:
         raise TraceError(f"{path}:1: not a moe_spec trace header (written by `moe-spec bench --trace`)")
     if header.get("version") != VERSION:
         raise TraceError(f"{path}: trace version {header.get('version')!r}; this moe_spec reads version {VERSION}")
-    steps = []
+    target = header.get("target") or {}
+    layers, num_experts = tuple(int(i) for i in target.get("moe_layers", ())), int(target.get("num_experts", 0))
+    steps, classes = [], {}
     for number, line in enumerate(lines[1:], start=2):
         if not line.strip():
             continue
@@ -220,9 +234,10 @@ def read_trace(path: str | Path) -> Trace:
             data = json.loads(line)
             if data.get("kind") != "step":
                 raise ValueError(f"kind {data.get('kind')!r}, expected 'step'")
-            steps.append(TraceStep.from_json(data))
+            steps.append(step_from_json(data, layers, num_experts))
+            classes[int(data["prompt"])] = str(data["class"])
         except (json.JSONDecodeError, KeyError, TypeError, ValueError, AttributeError) as error:
             raise TraceError(f"{path}:{number}: malformed step ({type(error).__name__}: {error})") from None
     if not steps:
         raise TraceError(f"trace {path} holds no steps")
-    return Trace(header, steps, path)
+    return Trace(header, steps, classes, path)

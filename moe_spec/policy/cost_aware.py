@@ -8,18 +8,19 @@ best-first selection add.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Sequence
 from dataclasses import replace
 
 import numpy as np
 import torch
 
-from moe_spec.core.acceptance import Acceptance
-from moe_spec.profile.cost_model import CostModel, expected_unique_experts
-from moe_spec.core.drafting import TreeBudget
+from moe_spec.core.control import StepPlan
+from moe_spec.core.drafting import EAGLE2_BUDGET, NO_DRAFT, TreeBudget
+from moe_spec.core.forest import StepForest
+from moe_spec.core.step_record import StepRecord
+from moe_spec.core.tree import DraftTree
 from moe_spec.policy.online_correction import AcceptanceCorrection, CostCorrection, DraftCostTracker, ThroughputTracker
 from moe_spec.policy.selection import StepPrices, best_first_forest, best_prefix_by_score
-from moe_spec.core.tree import DraftTree
+from moe_spec.profile.cost_model import CostModel, expected_unique_experts
 
 
 def token_count_cost(profile):
@@ -62,41 +63,40 @@ class _ProfiledController:
         self.acceptance_correction = AcceptanceCorrection()
         self.cost_correction = CostCorrection()
 
-    def reset(self) -> None:
+    def begin(self, default: TreeBudget) -> TreeBudget:
         if not self.persist:
             self._fresh_corrections()
+        return default
 
     def values(self, tree: DraftTree) -> torch.Tensor:
         """[N] calibrated P(on accepted path), corrected per depth, kept non-increasing along paths."""
-        return self.values_of([tree])[0]
+        return self.values_of(StepForest((tree,)))[0]
 
-    def values_of(self, trees: Sequence[DraftTree]) -> list[torch.Tensor]:
-        """`values` of every row's tree, computed over all rows' nodes at once (each tree's [N])."""
-        values, depths, parents = self._calibrated(trees)
-        levels = [depths == depth for depth in range(1, int(depths.max()) + 1)]
+    def values_of(self, forest: StepForest) -> list[torch.Tensor]:
+        """`values` of every row's tree, computed over all rows' nodes at once (each tree's [N_b])."""
+        forest = StepForest.of(forest)
+        values = self._calibrated(forest)
+        depths, parents = forest.depths, forest.parent_or_self
+        levels = [depths == depth for depth in range(1, forest.max_depth + 1)]
         if self.adapt and levels:
             factor = np.array([1.0] + [self.acceptance_correction.factor(d) for d in range(1, len(levels) + 1)])
             values = values * factor[depths]
             for level in levels:  # keep values non-increasing down every path
                 values[level] = np.minimum(values[level], values[parents[level]])
         values[depths == 0] = 1.0
-        return list(torch.from_numpy(values).split([len(t) for t in trees]))
+        return forest.split(torch.from_numpy(values))
 
-    def _calibrated(self, trees: Sequence[DraftTree]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Over all rows' nodes side by side: the profile's calibrated P(on accepted path) [N] (as
-        `Profile.calibrated_path_probability`), depths [N] and parents [N] (a root is its own parent)."""
-        offsets = np.cumsum([0] + [len(t) for t in trees][:-1])
-        parents = np.concatenate([np.where(t.parents.numpy() >= 0, t.parents.numpy() + o, np.arange(len(t)) + o)
-                                  for t, o in zip(trees, offsets)])
-        depths = np.concatenate([t.depths.numpy() for t in trees])
-        scores = np.concatenate([t.scores.double().numpy() for t in trees])
+    def _calibrated(self, forest: StepForest) -> np.ndarray:
+        """[N] over all rows' nodes: the profile's calibrated P(on accepted path), as
+        `AcceptanceCalibration.path_probability` computes it for one tree."""
+        depths, parents, scores = forest.depths, forest.parent_or_self, forest.scores
         conditional = self.profile.calibration.conditional_probability_of(np.exp(scores - scores[parents]), depths)
         conditional[depths == 0] = 1.0
         values = conditional.copy()
-        for depth in range(1, int(depths.max()) + 1):  # path products, one level at a time
+        for depth in range(1, forest.max_depth + 1):  # path products, one level at a time
             level = depths == depth
             values[level] = values[parents[level]] * conditional[level]
-        return values, depths, parents
+        return values
 
     def cost_model(self) -> CostModel:
         base = self.profile.cost_model
@@ -104,45 +104,39 @@ class _ProfiledController:
             return base
         return replace(base, base_ms=max(base.base_ms + self.cost_correction.offset_ms, 0.0))
 
-    def _learn_acceptance(self, verified: Sequence[DraftTree], acceptances: Sequence[Acceptance]) -> None:
-        trees = [t for t in verified if t.num_drafted]
-        if not trees:
+    def _learn_acceptance(self, record: StepRecord) -> None:
+        drafted = [b for b, tree in enumerate(record.verified) if tree.num_drafted]
+        if not drafted:
             return
-        values, depths, _ = self._calibrated(trees)
-        offsets = np.cumsum([0] + [len(t) for t in trees][:-1])
-        on_path = np.zeros(len(depths))
-        on_path[np.concatenate([o + np.asarray(a.path) for o, a in zip(offsets, (a for t, a in zip(verified, acceptances)
-                                                                                 if t.num_drafted))])] = 1.0
-        for depth in range(1, int(depths.max()) + 1):
-            level = depths == depth
+        forest = StepForest(tuple(record.verified[b] for b in drafted))
+        values = self._calibrated(forest)
+        on_path = np.zeros(forest.num_nodes)
+        for row, b in enumerate(drafted):
+            on_path[forest.offsets[row] + np.asarray(record.acceptances[b].path)] = 1.0
+        for depth in range(1, forest.max_depth + 1):
+            level = forest.depths == depth
             self.acceptance_correction.update(depth, float(values[level].sum()), float(on_path[level].sum()))
 
-    def predicted_verify_ms(self, trees: Sequence[DraftTree], cost: CostModel | None = None) -> float:
-        """The uncorrected cost model's time for verifying these rows' trees in one pass, padded to
-        the widest tree (padding costs tokens, not experts: `batch_layout.step_inputs`)."""
+    def predicted_verify_ms(self, forest: StepForest, cost: CostModel | None = None) -> float:
+        """The uncorrected cost model's time for verifying these rows' trees in one padded pass
+        (padding costs tokens, not experts: `batch_layout.step_inputs`)."""
+        forest = StepForest.of(forest)
         cost = cost or self.profile.cost_model
-        tokens = len(trees) * max(len(t) for t in trees)
         if not cost.num_layers:
-            return cost.predict_ms(tokens, [], rows=len(trees))
-        probs = torch.cat(self._expert_probs_of(trees), dim=1)  # [L, N, E]
-        return cost.predict_ms(tokens, expected_unique_experts(probs), rows=len(trees))
+            return cost.predict_ms(forest.pass_tokens, [], rows=forest.rows)
+        probs = self._expert_probs(forest)  # [L, N, E]
+        return cost.predict_ms(forest.pass_tokens, expected_unique_experts(probs), rows=forest.rows)
 
-    def _expert_probs(self, tree: DraftTree) -> torch.Tensor | None:
-        """[L, N, E] predicted routing, in the form the profile found to predict unique experts best
-        (0/1 top-K sets or probabilities; probabilities over many nodes overestimate the union)."""
-        return self._expert_probs_of([tree])[0]
-
-    def _expert_probs_of(self, trees: Sequence[DraftTree]) -> list[torch.Tensor | None]:
-        """`_expert_probs` of every row's tree, looked up for all rows' tokens at once."""
+    def _expert_probs(self, forest: StepForest) -> torch.Tensor | None:
+        """[L, N, E] predicted routing of every row's nodes, in the form the profile found to predict
+        unique experts best (0/1 top-K sets or probabilities; probabilities over many nodes
+        overestimate the union); None for a dense target."""
         if not self.profile.cost_model.num_layers:
-            return [None] * len(trees)
-        tokens = torch.cat([t.tokens for t in trees])  # [N] all rows' nodes
+            return None
         table = self.profile.expert_table
         if self.profile.details.get("expert_predictor", {}).get("pricing") == "topk":
-            probs = table.predict_onehot_tokens(tokens)
-        else:
-            probs = table.predict_tokens(tokens)
-        return list(probs.split([len(t) for t in trees], dim=1))  # each [L, N_b, E]
+            return table.predict_onehot_tokens(forest.tokens)
+        return table.predict_tokens(forest.tokens)
 
 
 class MoeAwareController(_ProfiledController):
@@ -153,12 +147,12 @@ class MoeAwareController(_ProfiledController):
     as many nodes per row as recent steps chose to verify (at least `candidate_min`; starting from
     10 nodes, 4 deep), as deep as they went, and one level deeper when a recent choice used the
     candidates' last level (so deeper trees are explored where they might pay, and no level is
-    drafted every step only to be dropped). Selection prices drafting by depth (see `selection.py`), so a generous candidate
-    tree does not inflate the next one. Drafting pauses (probing every `probe_every` steps) when
-    several steps in a row chose plain decoding, or when the *measured* throughput of speculative
-    steps (tokens per ms of draft + verify, a moving average) falls below that of plain steps: the
-    measurement covers what the model cannot see, such as the drafter's and the controller's own
-    time.
+    drafted every step only to be dropped). Selection prices drafting by depth (see `selection.py`),
+    so a generous candidate tree does not inflate the next one. Drafting pauses (probing every
+    `probe_every` steps) when several steps in a row chose plain decoding, or when the *measured*
+    throughput of speculative steps (tokens per ms of draft + plan + verify, a moving average) falls
+    below that of plain steps: the measurement covers what the model cannot see, such as the
+    drafter's and the controller's own time.
     """
 
     name = "moe-aware"
@@ -171,28 +165,56 @@ class MoeAwareController(_ProfiledController):
         self.candidate_min = candidate_min
         self.recent_steps = recent_steps
         self.probe_every = probe_every
+        self._default = EAGLE2_BUDGET
         self._fresh_history()
 
     def _fresh_history(self) -> None:
         self.rates = ThroughputTracker()
         self._recent: deque[tuple[int, int, bool]] = deque(maxlen=self.recent_steps)  # (nodes, depth, at edge) chosen
         self._plain_steps = 0
-        self._selected = False  # whether this step's tree went through `select`
         self.draft_costs = DraftCostTracker()
 
-    def reset(self) -> None:
-        super().reset()
+    def begin(self, default: TreeBudget) -> TreeBudget:
+        super().begin(default)
         if not self.persist:
             self._fresh_history()
+        self._default = default
+        return self._next_budget()
 
-    def candidate_budget(self, default: TreeBudget) -> TreeBudget:
+    def plan(self, candidates: StepForest, draft_ms: float) -> StepPlan:
+        candidates = StepForest.of(candidates)
+        if candidates.num_drafted == 0:  # drafting was skipped: a plain step
+            self._recent.append((0, 0, False))
+            return StepPlan(candidates, self._next_budget())
+        probs = self._expert_probs(candidates) if self.price_experts else None
+        row_probs = probs.split(candidates.sizes.tolist(), dim=1) if probs is not None else [None] * candidates.rows
+        prices = [StepPrices(values, p) for values, p in zip(self.values_of(candidates), row_probs)]  # p: [L, N_b, E]
+        self.draft_costs.update(candidates.max_depth, draft_ms)
+        fixed_ms, depth_ms = self.draft_costs.estimate()
+        keeps = best_first_forest(candidates, prices, self.cost_model(), depth_ms, draft_fixed_ms=fixed_ms)
+        chosen = candidates.subforest(keeps)
+        self._recent.append((max(t.num_drafted for t in chosen), chosen.max_depth, chosen.max_depth >= candidates.max_depth))
+        if chosen.num_drafted:
+            self._plain_steps = 0
+        return StepPlan(chosen, self._next_budget())
+
+    def observe(self, record: StepRecord) -> None:
+        self.rates.update(record.speculated, record.tokens_produced, record.draft_ms + record.plan_ms + record.verify_ms)
+        if self.adapt:  # plain passes measure the fixed cost too
+            self.cost_correction.update(self.predicted_verify_ms(record.verified), record.verify_ms)
+        if self.adapt and record.speculated:
+            self._learn_acceptance(record)
+
+    def _next_budget(self) -> TreeBudget:
+        """The candidate tree to draft next, from the recent choices and measured rates."""
+        default = self._default
         if self.adapt and self.rates.plain is None and self.rates.speculative_steps == 2:
-            return TreeBudget(0, 0, default.branching)  # one plain step early on, to measure what it costs
+            return NO_DRAFT  # one plain step early on, to measure what it costs
         chose_plain = len(self._recent) == self.recent_steps and all(nodes == 0 for nodes, _, _ in self._recent)
         if chose_plain or (self.adapt and self.rates.speculation_loses()):
             self._plain_steps += 1
             if self._plain_steps % self.probe_every:
-                return TreeBudget(0, 0, default.branching)  # speculation has not paid lately: skip drafting
+                return NO_DRAFT  # speculation has not paid lately: skip drafting
         if len(self._recent) < self.recent_steps:
             return self._sized(default, 8, 3)
         nodes = max(nodes for nodes, _, _ in self._recent)
@@ -208,31 +230,6 @@ class MoeAwareController(_ProfiledController):
         depth = min(default.max_depth, max(depth + deeper, 1))
         return TreeBudget(nodes, depth, min(default.branching, max(2, -(-nodes // depth))))
 
-    def select(self, candidates: Sequence[DraftTree], draft_ms: float) -> list[DraftTree]:
-        probs = self._expert_probs_of(candidates) if self.price_experts else [None] * len(candidates)
-        prices = [StepPrices(values, p) for values, p in zip(self.values_of(candidates), probs)]
-        self.draft_costs.update(max(int(t.depths.max()) for t in candidates), draft_ms)
-        fixed_ms, depth_ms = self.draft_costs.estimate()
-        keeps = best_first_forest(list(candidates), prices, self.cost_model(), depth_ms, draft_fixed_ms=fixed_ms)
-        chosen = [tree.subtree(keep) for tree, keep in zip(candidates, keeps)]
-        depth = max(int(t.depths.max()) for t in chosen)
-        self._recent.append((max(t.num_drafted for t in chosen), depth, depth >= max(int(t.depths.max()) for t in candidates)))
-        self._selected = True
-        if any(t.num_drafted for t in chosen):
-            self._plain_steps = 0
-        return chosen
-
-    def feedback(self, verified, acceptances, verify_ms: float, draft_ms: float, routing) -> None:
-        speculated = any(t.num_drafted for t in verified)
-        self.rates.update(speculated, sum(a.num_accepted + 1 for a in acceptances), draft_ms + verify_ms)
-        if self.adapt:  # plain passes measure the fixed cost too
-            self.cost_correction.update(self.predicted_verify_ms(verified), verify_ms)
-        if self.adapt and speculated:
-            self._learn_acceptance(verified, acceptances)
-        if not self._selected:  # drafting was skipped (or nothing was drafted): a plain step
-            self._recent.append((0, 0, False))
-        self._selected = False
-
 
 class TruncateController(_ProfiledController):
     """The EVICT idea, rebuilt from its description: draft EAGLE-2's tree, then keep its most
@@ -245,32 +242,34 @@ class TruncateController(_ProfiledController):
         latency curve, e.g. `token_count_cost(profile)`)."""
         super().__init__(profile, adapt=adapt, persist=persist)
         self.token_cost = token_cost
-        self.budget = budget or TreeBudget(60, 5, 10)
+        self.budget = budget or EAGLE2_BUDGET
 
-    def candidate_budget(self, default: TreeBudget) -> TreeBudget:
+    def begin(self, default: TreeBudget) -> TreeBudget:
+        super().begin(default)
         return self.budget
 
-    def select(self, candidates: Sequence[DraftTree], draft_ms: float) -> list[DraftTree]:
+    def plan(self, candidates: StepForest, draft_ms: float) -> StepPlan:
         """Per row, the best score-order prefix (budgets per row, as EVICT sizes one sequence's tree).
 
         With B rows in the pass, a row is priced as its share of a pass in which every row keeps as
         many tokens as it does: (token_cost(B * T, B) / B) against draft_ms / B. For B = 1 this is
         EVICT's single-sequence cut; for B > 1 the shared call cost is split between the rows, as the
-        feedback's prediction of the whole pass, token_cost(sum T, B), splits it."""
+        observed pass's prediction, token_cost(B x width, B), splits it."""
+        candidates = StepForest.of(candidates)
+        if candidates.num_drafted == 0:
+            return StepPlan(candidates, self.budget)
         offset = self.cost_correction.offset_ms if self.adapt else 0.0
-        rows = len(candidates)
+        rows = candidates.rows
 
         def row_share_ms(tokens: int) -> float:
             return max(self.token_cost(rows * tokens, rows) + offset, 0.0) / rows
 
-        return [
-            tree.subtree(best_prefix_by_score(tree, self.values(tree), row_share_ms, draft_ms / rows))
-            for tree in candidates
-        ]
+        keeps = [best_prefix_by_score(tree, values, row_share_ms, draft_ms / rows)
+                 for tree, values in zip(candidates, self.values_of(candidates))]
+        return StepPlan(candidates.subforest(keeps), self.budget)
 
-    def feedback(self, verified, acceptances, verify_ms: float, draft_ms: float, routing) -> None:
-        if not self.adapt or not any(t.num_drafted for t in verified):
+    def observe(self, record: StepRecord) -> None:
+        if not self.adapt or not record.speculated:
             return
-        self._learn_acceptance(verified, acceptances)
-        pass_tokens = len(verified) * max(len(t) for t in verified)  # rows are padded to the widest
-        self.cost_correction.update(self.token_cost(pass_tokens, len(verified)), verify_ms)
+        self._learn_acceptance(record)
+        self.cost_correction.update(self.token_cost(record.verified.pass_tokens, record.verified.rows), record.verify_ms)

@@ -35,6 +35,7 @@ import numpy as np
 import torch
 
 from moe_spec.profile.cost_model import CostModel
+from moe_spec.core.forest import StepForest
 from moe_spec.core.tree import DraftTree
 
 
@@ -74,8 +75,53 @@ def best_first_subtree(tree: DraftTree, prices: StepPrices, cost: CostModel, dep
     return best_first_forest([tree], [prices], cost, depth_ms, max_nodes)[0]
 
 
+class _ExpertPrices:
+    """Each node's expected ms of the experts it would newly load, kept up to date as nodes are chosen.
+
+    A chosen node lowers the chance that an expert is still unloaded only for the (layer, expert)
+    entries it may load (K per layer with top-K predictions), so only those columns are subtracted,
+    instead of re-pricing every node against every expert.
+    """
+
+    def __init__(self, forest: StepForest, prices: list[StepPrices], cost: CostModel):
+        self.row_probs = [p.expert_probs.double().numpy() for p in prices]  # each [L, N_b, E]
+        num_layers, _, num_experts = self.row_probs[0].shape
+        self.offsets = forest.offsets
+        self.by_expert = np.concatenate([r.transpose(0, 2, 1) for r in self.row_probs], axis=2).reshape(-1, forest.num_nodes)  # [L*E, N]
+        self.per_expert = np.repeat(np.asarray(cost.expert_weights(), dtype=np.float64), num_experts)  # [L*E] ms if new
+        self.miss = np.prod([1.0 - r[:, 0] for r in self.row_probs], axis=0).reshape(-1)  # [L*E]: no chosen node loads it yet
+        self.node_ms = (self.miss * self.per_expert) @ self.by_expert  # [N]
+        self.shape = (num_layers, num_experts)
+
+    def expected_unique(self) -> np.ndarray:
+        """[L] expected distinct experts the chosen nodes (the roots at first) load."""
+        return (1.0 - self.miss).reshape(self.shape).sum(-1)
+
+    def choose(self, row: int, node: int) -> None:
+        loads = self.row_probs[row][:, node - self.offsets[row]].reshape(-1)  # [L*E]: P(node loads expert e of layer l)
+        touched = np.flatnonzero(loads * self.miss)  # [M]: the entries whose miss changes (not yet surely loaded)
+        kept = self.miss[touched] * (1.0 - loads[touched])
+        self.node_ms -= ((self.miss[touched] - kept) * self.per_expert[touched]) @ self.by_expert[touched]  # their price drops
+        self.miss[touched] = kept
+
+
+@dataclass
+class _Growth:
+    """The set chosen so far and what it is worth and costs."""
+
+    value: float  # expected tokens: every row's bonus token plus the chosen nodes' values
+    verify_ms: float  # predicted verify time of the padded pass
+    sizes: np.ndarray  # [B] nodes per row, roots included
+    width: int = 1  # the pass's width: the widest row
+    deepest: int = 0  # depth of the deepest chosen node
+    draft_ms: float = 0.0  # the draft time that depth needs
+
+    def rate(self) -> float:
+        return throughput(self.value, self.draft_ms, self.verify_ms)
+
+
 def best_first_forest(
-    trees: list[DraftTree],
+    trees,
     prices: list[StepPrices],
     cost: CostModel,
     depth_ms: float,
@@ -83,102 +129,85 @@ def best_first_forest(
     patience: int | None = None,
     draft_fixed_ms: float = 0.0,
 ) -> list[list[int]]:
-    """Best-first growth over the B rows' trees verified in one pass (B = 1: one sequence). Every
-    row's root is mandatory, all rows share one verify time, and a node's expert price counts only
-    experts that no chosen node of *any* row loads yet. Returns each row's chosen node indices, root first.
+    """Best-first growth over the B rows' trees (a `StepForest` or a list of trees) verified in one
+    pass (B = 1: one sequence). Every row's root is mandatory, all rows share one verify time, and
+    a node's expert price counts only experts that no chosen node of *any* row loads yet. Returns
+    each row's chosen node indices, root first.
 
-    The pass is padded (`batch_layout.step_inputs`): it computes B * W tokens, W the widest row's
-    size, and padding loads no expert. So a node in a row narrower than W fills a slot the pass
-    computes anyway and costs only the experts it adds, while a node in a row at width W widens the
-    pass by B tokens. A node deeper than every chosen node also costs the draft time of that depth
+    The pass is padded (`StepForest.width`): it computes B * W tokens, W the widest row's size, and
+    padding loads no expert. So a node in a row narrower than W fills a slot the pass computes
+    anyway and costs only the experts it adds, while a node in a row at width W widens the pass by
+    B tokens. A node deeper than every chosen node also costs the draft time of that depth
     (`depth_ms`, drafting all rows one level deeper): the time a step spends on drafting is priced
     by the depth the chosen trees need (plus `draft_fixed_ms` once any node is chosen), never taken
-    as already spent, so a large candidate tree does
-    not talk the controller into verifying more of it. Growth adds the frontier node of best value
-    per marginal millisecond under these prices (free-slot nodes only while they raise the
-    throughput by themselves), and returns the
-    best set seen along the way; growth stops `patience` nodes after the last improvement (default
-    11 + B, so a new width can be filled across the rows). With one row every node widens the pass,
-    which is plain best-first growth by marginal value per marginal time.
+    as already spent, so a large candidate tree does not talk the controller into verifying more of
+    it. Growth adds the frontier node of best value per marginal millisecond under these prices
+    (free-slot nodes only while they raise the throughput by themselves), and returns the best set
+    seen along the way; growth stops `patience` nodes after the last improvement (default 11 + B,
+    so a new width can be filled across the rows). With one row every node widens the pass, which
+    is plain best-first growth by marginal value per marginal time.
 
-    Runs in numpy, on the critical path of every decoding step. Each node's expert price is kept
-    and updated as nodes are chosen: a chosen node lowers the chance that an expert is still
-    unloaded only for the (layer, expert) entries it may load (K per layer with top-K predictions),
-    so only those columns are subtracted, instead of re-pricing every node against every expert.
+    Runs in numpy, on the critical path of every decoding step.
     """
-    offsets = np.cumsum([0] + [len(t) for t in trees])
-    n, batch = int(offsets[-1]), len(trees)
-    parents = np.concatenate([np.where(t.parents.numpy() >= 0, t.parents.numpy() + o, -1) for t, o in zip(trees, offsets)])
+    forest = StepForest.of(trees)
+    n, batch = forest.num_nodes, forest.rows
     values = np.concatenate([p.values.double().numpy() for p in prices])  # [N]
-    depths = np.concatenate([t.depths.numpy() for t in trees])  # [N]
-    is_root = parents < 0
-    row_of = np.repeat(np.arange(batch), np.diff(offsets))  # [N]
+    depths, parents, row_of = forest.depths, forest.parents, forest.row_of
     priced = cost.num_layers > 0 and all(p.expert_probs is not None for p in prices)
-    expert_ms = np.zeros(n)  # [N]: ms of the experts each node would newly load
-    if priced:
-        row_probs = [p.expert_probs.double().numpy() for p in prices]  # each [L, N_b, E]
-        num_layers, _, num_experts = row_probs[0].shape
-        by_expert = np.concatenate([r.transpose(0, 2, 1) for r in row_probs], axis=2).reshape(-1, n)  # [L*E, N]
-        per_expert = np.repeat(np.asarray(cost.expert_weights(), dtype=np.float64), num_experts)  # [L*E] ms if new
-        miss = np.prod([1.0 - r[:, 0] for r in row_probs], axis=0).reshape(-1)  # [L*E]: chance no chosen node loads it yet
-        expert_ms += (miss * per_expert) @ by_expert
-        verify = cost.predict_ms(batch, (1.0 - miss).reshape(num_layers, num_experts).sum(-1), rows=batch)
-    else:
-        verify = cost.fixed_ms(batch) + cost.per_token_ms * batch
-    value = float(batch)  # every row's bonus token
+    experts = _ExpertPrices(forest, prices, cost) if priced else None
+    expert_ms = experts.node_ms if priced else np.zeros(n)  # [N], updated in place by `choose`
+    roots_ms = cost.predict_ms(batch, experts.expected_unique(), rows=batch) if priced else cost.fixed_ms(batch) + cost.per_token_ms * batch
+    grown = _Growth(float(batch), roots_ms, np.ones(batch, dtype=np.int64))
     limit = n - batch if max_nodes is None else min(max_nodes, n - batch)
     patience = 11 + batch if patience is None else patience
-    sizes, width = np.ones(batch, dtype=np.int64), 1  # nodes per row (root included); the pass's width
     chosen: list[int] = []
-    deepest, draft_ms = 0, 0.0  # depth of the chosen nodes, and the draft time that depth needs
-    best_rate, best_size = throughput(value, draft_ms, verify), 0
-    stale = 0  # changes since the best set
+    best_rate, best_size, stale = grown.rate(), 0, 0  # stale: changes since the best set
+    is_root = parents < 0
     in_frontier = np.zeros(n, dtype=bool)
-    in_frontier[~is_root] = is_root[parents[~is_root]]
+    in_frontier[~is_root] = is_root[parents[~is_root]]  # the roots' children
     children = [[] for _ in range(n)]
     for node in np.flatnonzero(~is_root):
         children[parents[node]].append(node)
     while len(chosen) < limit and stale < patience:
-        frontier = np.flatnonzero(in_frontier)
-        room = sizes[row_of[frontier]] < width  # the node fills a slot the pass computes anyway
-        deeper_ms = depth_ms * np.maximum(depths[frontier] - deepest, 0)  # drafting one more depth
-        if deepest == 0:
-            deeper_ms = deeper_ms + draft_fixed_ms  # the first drafted node pays for drafting at all
-        # a free slot's node is only worth it if it raises the throughput by itself
-        eligible = ~room | (values[frontier] > throughput(value, draft_ms, verify) * (expert_ms[frontier] + deeper_ms))
-        if not eligible.any():
+        pick = _next_node(np.flatnonzero(in_frontier), grown, values, expert_ms, depths, row_of, cost, depth_ms, draft_fixed_ms)
+        if pick is None:
             break
-        frontier, room, deeper_ms = frontier[eligible], room[eligible], deeper_ms[eligible]
-        slot_ms = np.where(room, 0.0, cost.per_token_ms * batch)  # widening the pass: B more tokens
-        pick = int(np.argmax(values[frontier] / np.maximum(expert_ms[frontier] + slot_ms + deeper_ms, 1e-9)))
-        node = int(frontier[pick])
-        if not room[pick]:
-            width += 1
-            verify += cost.per_token_ms * batch
-        deepest = max(deepest, int(depths[node]))
-        draft_ms = draft_fixed_ms + depth_ms * deepest
+        node, fills_slot = pick
+        if not fills_slot:  # widening the pass: B more tokens
+            grown.width += 1
+            grown.verify_ms += cost.per_token_ms * batch
+        grown.deepest = max(grown.deepest, int(depths[node]))
+        grown.draft_ms = draft_fixed_ms + depth_ms * grown.deepest
+        grown.value += values[node]
+        grown.verify_ms += expert_ms[node]
+        grown.sizes[row_of[node]] += 1
         chosen.append(node)
-        value += values[node]
-        verify += expert_ms[node]
-        sizes[row_of[node]] += 1
         if priced:
-            row = int(row_of[node])
-            loads = row_probs[row][:, node - offsets[row]].reshape(-1)  # [L*E]: P(node loads expert e of layer l)
-            touched = np.flatnonzero(loads * miss)  # [M]: the entries whose miss changes (not yet surely loaded)
-            kept = miss[touched] * (1.0 - loads[touched])
-            expert_ms -= ((miss[touched] - kept) * per_expert[touched]) @ by_expert[touched]  # their price drops
-            miss[touched] = kept
+            experts.choose(int(row_of[node]), node)
         in_frontier[node] = False
         in_frontier[children[node]] = True
         stale += 1
-        rate = throughput(value, draft_ms, verify)
-        if rate > best_rate:
-            best_rate, best_size, stale = rate, len(chosen), 0
-    kept_nodes = chosen[:best_size]
-    return [
-        [0] + [k - int(offsets[row]) for k in kept_nodes if offsets[row] <= k < offsets[row + 1]]
-        for row in range(len(trees))
-    ]
+        if grown.rate() > best_rate:
+            best_rate, best_size, stale = grown.rate(), len(chosen), 0
+    return [[0] + row for row in forest.local(chosen[:best_size])]
+
+
+def _next_node(frontier: np.ndarray, grown: _Growth, values: np.ndarray, expert_ms: np.ndarray, depths: np.ndarray,
+               row_of: np.ndarray, cost: CostModel, depth_ms: float, draft_fixed_ms: float) -> tuple[int, bool] | None:
+    """The frontier node of best value per marginal ms, and whether it fills a slot the pass
+    computes anyway; None when no frontier node is eligible."""
+    room = grown.sizes[row_of[frontier]] < grown.width  # the node fills a slot the pass computes anyway
+    deeper_ms = depth_ms * np.maximum(depths[frontier] - grown.deepest, 0)  # drafting one more depth
+    if grown.deepest == 0:
+        deeper_ms = deeper_ms + draft_fixed_ms  # the first drafted node pays for drafting at all
+    # a free slot's node is only worth it if it raises the throughput by itself
+    eligible = ~room | (values[frontier] > grown.rate() * (expert_ms[frontier] + deeper_ms))
+    if not eligible.any():
+        return None
+    frontier, room, deeper_ms = frontier[eligible], room[eligible], deeper_ms[eligible]
+    slot_ms = np.where(room, 0.0, cost.per_token_ms * len(grown.sizes))  # widening the pass: B more tokens
+    pick = int(np.argmax(values[frontier] / np.maximum(expert_ms[frontier] + slot_ms + deeper_ms, 1e-9)))
+    return int(frontier[pick]), bool(room[pick])
 
 
 def best_prefix_by_score(tree: DraftTree, values: torch.Tensor, verify_ms_for_tokens, draft_ms: float) -> list[int]:

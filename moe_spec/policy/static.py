@@ -2,28 +2,29 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
+from moe_spec.core.control import StepPlan
 from moe_spec.core.drafting import TreeBudget
+from moe_spec.core.forest import StepForest
+from moe_spec.core.step_record import StepRecord
 from moe_spec.core.tree import DraftTree
 
 
 class StaticController:
-    """A fixed node budget per row: verify the `max_nodes` best-scored nodes of each candidate tree."""
+    """Draft to `budget` every step and verify each row's `budget.max_nodes` best-scored nodes."""
 
     name = "static"
 
     def __init__(self, budget: TreeBudget):
         self.budget = budget
 
-    def reset(self) -> None:
-        pass
-
-    def candidate_budget(self, default: TreeBudget) -> TreeBudget:
+    def begin(self, default: TreeBudget) -> TreeBudget:
         return self.budget
 
-    def select(self, candidates: Sequence[DraftTree], draft_ms: float = 0.0) -> list[DraftTree]:
-        return [self._select_one(tree) for tree in candidates]
+    def plan(self, candidates: StepForest, draft_ms: float = 0.0) -> StepPlan:
+        return StepPlan(StepForest(tuple(self._select_one(tree) for tree in candidates)), self.budget)
+
+    def observe(self, record: StepRecord) -> None:
+        pass
 
     def _select_one(self, candidates: DraftTree) -> DraftTree:
         if candidates.num_drafted <= self.budget.max_nodes:
@@ -32,6 +33,3 @@ class StaticController:
         # ties are broken towards lower (earlier, shallower) indices to keep it so.
         order = sorted(range(1, len(candidates)), key=lambda i: (-float(candidates.scores[i]), i))
         return candidates.subtree([0] + order[: self.budget.max_nodes])
-
-    def feedback(self, verified, acceptances, verify_ms, draft_ms, routing) -> None:
-        pass

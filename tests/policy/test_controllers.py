@@ -14,6 +14,9 @@ from moe_spec.measure.latency import TimingConfig
 from moe_spec.measure.profiler import ProfileSettings, build_profile
 from moe_spec.core.target import TargetModel
 from moe_spec.testing.tiny_models import tiny_model
+from moe_spec.core.forest import StepForest
+from moe_spec.core.routing import empty_routing
+from moe_spec.core.step_record import StepRecord
 from moe_spec.core.tree import DraftTree
 
 from moe_spec.testing.helpers import PLAIN_PROMPT, REPETITIVE_PROMPT, hf_greedy
@@ -76,7 +79,7 @@ def test_policies_return_connected_subtrees_with_the_root(profiled):
             scores[i] = scores[parents[i]] - float(torch.rand((), generator=generator)) * 2
         tree = DraftTree(torch.randint(0, 90, (n,), generator=generator), torch.tensor(parents), scores)
         for name, controller in _policies(profile).items():
-            (chosen,) = controller.select([tree], draft_ms=1.0)
+            (chosen,) = controller.plan(StepForest((tree,)), draft_ms=1.0).verify
             assert int(chosen.tokens[0]) == int(tree.tokens[0]), name
             assert len(chosen) <= len(tree)
 
@@ -153,17 +156,17 @@ def test_truncate_prices_a_batch_with_the_row_term_and_learns_from_the_whole_pas
     for per_row_ms in (0.0, 200.0):
         dear_rows = replace(profile, cost_model=replace(profile.cost_model, per_row_ms=per_row_ms))
         controller = TruncateController(dear_rows, token_count_cost(dear_rows), adapt=False)
-        kept.append(sum(t.num_drafted for t in controller.select(trees, draft_ms=1.0)))
-        assert [t.num_drafted for t in controller.select(trees[:1], draft_ms=1.0)] == [
-            t.num_drafted for t in TruncateController(profile, token_cost, adapt=False).select(trees[:1], draft_ms=1.0)
+        kept.append(sum(t.num_drafted for t in controller.plan(StepForest(trees), draft_ms=1.0).verify))
+        assert [t.num_drafted for t in controller.plan(StepForest(trees[:1]), draft_ms=1.0).verify] == [
+            t.num_drafted for t in TruncateController(profile, token_cost, adapt=False).plan(StepForest(trees[:1]), draft_ms=1.0).verify
         ], "one row: the row term plays no part"
     assert kept[1] > kept[0], "a dear pass per row makes each row's drafted tokens relatively cheaper"
-    # the feedback prices the whole pass as B rows: a pass measured at that price needs no correction
+    # observing prices the whole pass as B rows: a pass measured at that price needs no correction
     dear_rows = replace(profile, cost_model=replace(profile.cost_model, per_row_ms=200.0))
     dear_cost = token_count_cost(dear_rows)
     controller = TruncateController(dear_rows, dear_cost)
     measured = dear_cost(len(trees) * max(len(t) for t in trees), len(trees))  # a padded pass
-    controller.feedback(trees, [Acceptance([0, 1], 5) for _ in trees], measured, 1.0, None)
+    controller.observe(_record(trees, [Acceptance([0, 1], 5) for _ in trees], measured, 1.0))
     assert controller.cost_correction.offset_ms == pytest.approx(0.0)
 
 
@@ -213,7 +216,7 @@ def test_learning_from_a_batch_counts_every_verified_node_at_its_depth(profiled)
     trees = [t for t in _forest(3, 9, seed=4)] + [DraftTree.root_only(5)]
     acceptances = [Acceptance([0, 1], 7), Acceptance([0], 7), Acceptance([0, 1, 3], 7), Acceptance([0], 7)]
     controller = MoeAwareController(profile)
-    controller.feedback(trees, acceptances, 10.0, 1.0, None)
+    controller.observe(_record(trees, acceptances, 10.0, 1.0))
     expected = AcceptanceCorrection()
     for tree, acceptance in zip(trees, acceptances):  # the definition, node by node
         values = profile.calibrated_path_probability(tree)
@@ -229,10 +232,33 @@ def test_candidate_trees_go_deeper_only_after_a_choice_used_their_last_level(pro
     controller = MoeAwareController(profile, adapt=False)
     default = TreeBudget(60, 5, 10)
     chain = DraftTree.from_lists([1, 2, 3, 4], [-1, 0, 1, 2], scores=[0.0, -0.01, -0.02, -0.03])
+    controller.begin(default)
     controller._recent.extend([(2, 2, False)] * 4)  # chose 2 levels of deeper candidates
-    assert controller.candidate_budget(default).max_depth == 2
+    assert controller._next_budget().max_depth == 2
     controller._recent.append((3, 3, True))  # a choice reached the candidates' last level
-    assert controller.candidate_budget(default).max_depth == 4
-    chosen = controller.select([chain], draft_ms=1.0)[0]
+    assert controller._next_budget().max_depth == 4
+    plan = controller.plan(StepForest((chain,)), draft_ms=1.0)
+    chosen = plan.verify[0]
     edge = controller._recent[-1][2]
     assert edge == (int(chosen.depths.max()) == 3)
+
+
+def _record(trees: list[DraftTree], acceptances: list[Acceptance], verify_ms: float, draft_ms: float) -> StepRecord:
+    """The record of a step that verified `trees` (no routing recorded)."""
+    forest = StepForest(trees)
+    return StepRecord(tuple(range(len(trees))), (10,) * len(trees), tuple(trees), forest, tuple(acceptances),
+                      torch.zeros(forest.rows, forest.width, dtype=torch.long), empty_routing(), verify_ms, draft_ms)
+
+
+def test_the_plan_budgets_the_next_candidates_and_observing_needs_no_flag(profiled):
+    """Every step is one plan and one observe: a plain step (nothing drafted) is planned too."""
+    _, _, profile = profiled
+    controller = MoeAwareController(profile, recent_steps=2)
+    first = controller.begin(TreeBudget(60, 5, 10))
+    assert first.max_nodes > 0
+    root = DraftTree.root_only(3)
+    for _ in range(2):
+        plan = controller.plan(StepForest((root,)), draft_ms=0.0)
+        assert len(plan.verify[0]) == 1
+        controller.observe(_record([root], [Acceptance([0], 4)], 10.0, 0.0))
+    assert controller._next_budget().drafts_nothing, "two plain choices in a row pause drafting"
