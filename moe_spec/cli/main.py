@@ -1,4 +1,6 @@
-"""The `moe-spec` command line. Each subcommand lives in its own module with `add_arguments` and `run`."""
+"""The `moe-spec` command line. Each subcommand lives in its own module of `moe_spec.cli` with
+`add_arguments(parser)` and `run(args) -> dict`; a command whose output machines read ends it with
+one JSON line. `python -m moe_spec.cli.main COMMAND ...` works as well (e.g. under `accelerate launch`)."""
 
 from __future__ import annotations
 
@@ -15,8 +17,8 @@ COMMANDS = {
     "demo": ("moe_spec.cli.demo", "the embedded pair: autoregressive vs EAGLE tree, side by side"),
     "bench": ("moe_spec.cli.bench", "compare decoding methods side by side on a prompt set"),
     "profile": ("moe_spec.cli.profile", "profile a target's expert activation and verify cost"),
-    "train-target": ("moe_spec.training.train_target", "train the embedded default MoE target"),
-    "train-draft": ("moe_spec.training.train_draft", "train an EAGLE-style draft head for a target"),
+    "train-target": ("moe_spec.cli.train_target", "train the embedded default MoE target"),
+    "train-draft": ("moe_spec.cli.train_draft", "train an EAGLE-style draft head for a target"),
     "make-tiny": ("moe_spec.cli.make_tiny", "save a tiny random model of a supported architecture"),
     "simulate": ("moe_spec.cli.simulate", "replay a bench trace under another cost model (a simulation)"),
 }

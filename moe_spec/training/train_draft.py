@@ -11,19 +11,17 @@ reading the head's own outputs of pass k-1 (`EagleHead.unroll`), weighted `decay
 The draft vocabulary is the `--draft-vocab` most frequent target tokens, counted over the training
 corpus and the target's own continuations (each normalised, equal weight).
 
-    python -m moe_spec.training.train_draft --target runs/default_target/model --out runs/default_draft --minutes 20
+    moe-spec train-draft --target runs/default_target/model --out runs/default_draft --minutes 20
 
-Built on `accelerate.Accelerator`, so `accelerate launch -m moe_spec.training.train_draft ...` runs
-data-parallel; on one CPU it is a plain loop. Saves config.json + model.safetensors (bf16) and
+Built on `accelerate.Accelerator`, so `accelerate launch -m moe_spec.cli.main train-draft ...` runs
+data-parallel; on one CPU it is a plain loop. The command line is `moe_spec/cli/train_draft.py`. Saves config.json + model.safetensors (bf16) and
 moe_spec_meta.json (command, minutes, steps, coverage, held-out agreement with the target).
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
-import shlex
 import sys
 import time
 from dataclasses import asdict, dataclass
@@ -61,7 +59,6 @@ class DraftTrainSettings:
     vocab_batches: int = 4  # target continuations counted into the draft vocabulary
     eval_batches: int = 4
     calibration_steps: int = 5
-    threads: int = 1
 
     def __post_init__(self):
         if self.steps is not None and self.steps < 1:
@@ -193,31 +190,81 @@ class _Batches:
         return sequences
 
 
+@dataclass(frozen=True)
+class _TrainedSteps:
+    steps: int
+    first_loss: torch.Tensor  # [K] per-pass loss of the first step
+    running_loss: torch.Tensor  # [K] running mean of the per-pass loss at the end
+
+
 def train_draft(target: TargetModel, data: TokenData, settings: DraftTrainSettings, command: str = "") -> dict:
-    """Train, evaluate and save a head for `target` into `settings.out`; returns the metadata saved beside it."""
-    torch.set_num_threads(settings.threads)
+    """Train, evaluate and save a head for `target` into `settings.out`; returns the metadata saved
+    beside it (`command`, how the run was started, is recorded in it).
+
+    Randomness is explicit: batches come from per-step generators (`_Batches`), and the head is
+    initialised from `settings.seed` inside `torch.random.fork_rng`, so the caller's global RNG is
+    left as it was. The thread count is the caller's (the CLI sets it).
+    """
     accelerator = Accelerator()
-    torch.manual_seed(settings.seed)
     target.model.eval().requires_grad_(False)
     if getattr(target.model, "hf_device_map", None) is None:  # a dispatched (offloaded) target stays put
         target.model.to(accelerator.device)
-    embed = target.model.get_input_embeddings()
     batches = _Batches(target, data.train, settings, accelerator.process_index)
     start = time.monotonic()
+    with torch.random.fork_rng():
+        torch.manual_seed(settings.seed)
+        # 1) the draft vocabulary; 2) a fresh head and its optimizer; 3) the steps
+        d2t = _draft_vocabulary(target, data, batches, settings, accelerator)
+        head = EagleHead(config_for_target(target, draft_vocab_size=d2t.numel(),
+                                           intermediate_size=settings.head_intermediate), d2t).train()
+        step_module = DistillLoss(head, settings.ttt_steps, settings.ttt_decay)
+        optimizer = torch.optim.AdamW(head.parameters(), lr=settings.lr, betas=(0.9, 0.95), weight_decay=0.0)
+        step_module, optimizer = accelerator.prepare(step_module, optimizer)
+        trained = _train_steps(step_module, optimizer, target, batches, settings, accelerator, start)
+    train_minutes = (time.monotonic() - start) / 60
 
-    # draft vocabulary from corpus counts and the target's own first continuations (reused as batches)
+    # 4) evaluate and save
+    head = accelerator.unwrap_model(step_module).head.eval()
+    evaluation = evaluate(head, target, data.heldout, settings)
+    meta = {
+        "command": command,
+        "target": {k: v for k, v in head.config.fingerprint.items()},
+        "seed": settings.seed,
+        "torch_threads": torch.get_num_threads(),
+        "minutes": round(train_minutes, 2),
+        "steps": trained.steps,
+        "tokens_seen": trained.steps * settings.batch_size * (settings.prompt_len + settings.continuation_len),
+        "processes": accelerator.num_processes,
+        "draft_vocab_size": head.config.draft_vocab_size,
+        "first_train_loss_per_pass": [round(x, 4) for x in trained.first_loss.tolist()],
+        "final_train_loss_per_pass": [round(x, 4) for x in trained.running_loss.tolist()],  # running mean
+        **evaluation,
+        "settings": asdict(settings),
+    }
+    accelerator.wait_for_everyone()
+    if accelerator.is_main_process:
+        head.save_pretrained(settings.out)
+        (Path(settings.out) / META_FILE).write_text(json.dumps(meta, indent=2) + "\n")
+    return meta
+
+
+def _draft_vocabulary(target: TargetModel, data: TokenData, batches: "_Batches", settings: DraftTrainSettings,
+                      accelerator: Accelerator) -> torch.Tensor:
+    """[V_draft] target ids from corpus counts and the target's own first continuations (kept as
+    the first training batches), the same on every process."""
     generated = torch.cat([batches(step, keep=True)[:, settings.prompt_len:].flatten()
                            for step in range(settings.vocab_batches)])
     vocab = target.vocab_size
     d2t = draft_vocabulary(torch.bincount(data.train, minlength=vocab)[:vocab],
                            torch.bincount(generated, minlength=vocab)[:vocab], min(settings.draft_vocab, vocab))
-    d2t = broadcast(d2t.to(accelerator.device), from_process=0).cpu()  # one vocabulary for every process
-    head = EagleHead(config_for_target(target, draft_vocab_size=d2t.numel(), intermediate_size=settings.head_intermediate),
-                     d2t).train()
-    step_module = DistillLoss(head, settings.ttt_steps, settings.ttt_decay)
-    optimizer = torch.optim.AdamW(head.parameters(), lr=settings.lr, betas=(0.9, 0.95), weight_decay=0.0)
-    step_module, optimizer = accelerator.prepare(step_module, optimizer)
+    return broadcast(d2t.to(accelerator.device), from_process=0).cpu()
 
+
+def _train_steps(step_module, optimizer, target: TargetModel, batches: "_Batches", settings: DraftTrainSettings,
+                 accelerator: Accelerator, start: float) -> _TrainedSteps:
+    """`settings.steps` steps, or as many as the minute budget (counted from `start`) allows."""
+    embed = target.model.get_input_embeddings()
+    device = accelerator.device
     total_steps = settings.steps
     bar = tqdm(total=total_steps, desc="train-draft", mininterval=10, file=sys.stderr,
                disable=not accelerator.is_main_process)
@@ -230,7 +277,6 @@ def train_draft(target: TargetModel, data: TokenData, settings: DraftTrainSettin
         features, target_logits = target_pass(target, sequences)
         with torch.no_grad():
             token_embeds = embed(sequences.to(target.device)).float()
-        device = accelerator.device
         loss, per_pass, agreement = step_module(features.to(device), token_embeds.to(device), target_logits.to(device))
         accelerator.backward(loss)
         accelerator.clip_grad_norm_(step_module.parameters(), 1.0)
@@ -252,29 +298,7 @@ def train_draft(target: TargetModel, data: TokenData, settings: DraftTrainSettin
                 total_steps = int(broadcast(estimate, from_process=0))
                 bar.total = total_steps
     bar.close()
-    train_minutes = (time.monotonic() - start) / 60
-
-    head = accelerator.unwrap_model(step_module).head.eval()
-    evaluation = evaluate(head, target, data.heldout, settings)
-    meta = {
-        "command": command,
-        "target": {k: v for k, v in head.config.fingerprint.items()},
-        "seed": settings.seed,
-        "minutes": round(train_minutes, 2),
-        "steps": step,
-        "tokens_seen": step * settings.batch_size * (settings.prompt_len + settings.continuation_len),
-        "processes": accelerator.num_processes,
-        "draft_vocab_size": head.config.draft_vocab_size,
-        "first_train_loss_per_pass": [round(x, 4) for x in initial.tolist()],
-        "final_train_loss_per_pass": [round(x, 4) for x in running.tolist()],  # running mean
-        **evaluation,
-        "settings": asdict(settings),
-    }
-    accelerator.wait_for_everyone()
-    if accelerator.is_main_process:
-        head.save_pretrained(settings.out)
-        (Path(settings.out) / META_FILE).write_text(json.dumps(meta, indent=2) + "\n")
-    return meta
+    return _TrainedSteps(step, initial, running)
 
 
 @torch.no_grad()
@@ -329,40 +353,3 @@ def text_data(tokenizer, prompt_files: list[str] | None, heldout_share: float = 
         torch.tensor(encode_documents(tokenizer, [f.text for f in corpus.train_files])),
         torch.tensor(encode_documents(tokenizer, [f.text for f in corpus.heldout_files])),
     )
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--target", required=True, help="folder of the target model (and its tokenizer)")
-    parser.add_argument("--out", required=True, help="folder for the draft head")
-    parser.add_argument("--minutes", type=float, default=20.0, help="training time budget (ignored with --steps)")
-    parser.add_argument("--steps", type=int, default=None, help="fixed number of steps (reproducible)")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--draft-vocab", type=int, default=2048, help="size of the reduced draft vocabulary")
-    parser.add_argument("--prompts", nargs="+", default=None, help="text files to train on instead of the corpus")
-    parser.add_argument("--threads", type=int, default=1, help="torch CPU threads")
-    parser.add_argument("--batch-size", type=int, default=8)
-    parser.add_argument("--ttt-steps", type=int, default=3, help="passes of the training-time test")
-    parser.add_argument("--head-intermediate", type=int, default=0, help="the head's MLP width (0: 4 x hidden)")
-
-
-def run(args: argparse.Namespace) -> dict:
-    torch.set_num_threads(args.threads)
-    target, tokenizer = load_target(args.target)
-    settings = DraftTrainSettings(
-        out=args.out, minutes=args.minutes, steps=args.steps, seed=args.seed, draft_vocab=args.draft_vocab,
-        threads=args.threads, batch_size=args.batch_size, ttt_steps=args.ttt_steps,
-        head_intermediate=args.head_intermediate,
-    )
-    return train_draft(target, text_data(tokenizer, args.prompts), settings, command=shlex.join(sys.orig_argv))
-
-
-def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m moe_spec.training.train_draft", description=__doc__.split("\n")[0])
-    add_arguments(parser)
-    meta = run(parser.parse_args(argv))
-    keys = ("minutes", "steps", "heldout_token_coverage", "heldout_top1_agreement_by_depth")
-    print(json.dumps({k: meta[k] for k in keys}))
-
-
-if __name__ == "__main__":
-    main()

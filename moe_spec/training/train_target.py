@@ -8,7 +8,7 @@ model. We keep the router's learning rate at 0.1x and refine the bias proportion
 expert's load error a few times after every optimizer step (see FINDINGS.md: sign updates with
 the full router learning rate collapsed).
 
-    python -m moe_spec.training.train_target --out runs/default_target --minutes 65 --threads 1
+    moe-spec train-target --out runs/default_target --minutes 65 --threads 1   (moe_spec/cli/train_target.py)
 
 Rerunning the same command resumes from `OUT/checkpoint/`. The run ends with `OUT/model/`
 (bfloat16 weights, the bias kept in fp32, the tokenizer and `moe_spec_meta.json`).
@@ -16,15 +16,13 @@ Rerunning the same command resumes from `OUT/checkpoint/`. The run ends with `OU
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import os
-import shlex
 import sys
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
@@ -38,6 +36,8 @@ from moe_spec.training.tokenizer_training import encode_documents, train_tokeniz
 # Not saved in config.json: whoever loads the model passes it again (FINDINGS: 2.4x eager on CPU).
 EXPERTS_IMPLEMENTATION = "grouped_mm"
 META_FILE = "moe_spec_meta.json"
+CHECKPOINT_FILE = "checkpoint/state.pt"  # under OUT
+LOG_FILE = "train_log.jsonl"  # under OUT
 _UNTIMED_STEPS = 2  # the first steps pay one-off costs and are left out of the calibration
 
 
@@ -110,7 +110,6 @@ class TrainSettings:
     out: str
     minutes: float = 65.0
     seed: int = 0
-    threads: int = 1
     shape: TargetShape = DEFAULT_SHAPE
     seq_len: int = 256
     batch_size: int = 8
@@ -145,38 +144,9 @@ class TrainSettings:
     def resume_key(self) -> dict:
         """Settings that must match for a checkpoint to be resumed."""
         fields = asdict(self)
-        for volatile in ("out", "threads", "stop_after_steps", "checkpoint_every_s", "minutes"):
+        for volatile in ("out", "stop_after_steps", "checkpoint_every_s", "minutes"):
             fields.pop(volatile)
         return fields
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--out", required=True, help="run folder; the model lands in OUT/model")
-    parser.add_argument("--minutes", type=float, default=65.0, help="training time budget")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--threads", type=int, default=1, help="torch CPU threads")
-    hidden = argparse.SUPPRESS
-    parser.add_argument("--tiny", action="store_true", help=hidden)
-    parser.add_argument("--max-steps", type=int, default=None, help=hidden)
-    parser.add_argument("--stop-after-steps", type=int, default=None, help=hidden)
-    parser.add_argument("--checkpoint-every-s", type=float, default=300.0, help=hidden)
-
-
-def settings_from_args(args: argparse.Namespace) -> TrainSettings:
-    settings = TrainSettings(
-        out=args.out, minutes=args.minutes, seed=args.seed, threads=args.threads, max_steps=args.max_steps,
-        stop_after_steps=args.stop_after_steps, checkpoint_every_s=args.checkpoint_every_s,
-    )
-    if args.tiny:
-        settings = replace(
-            settings, shape=TINY_SHAPE, seq_len=32, batch_size=4, warmup_steps=4, calibration_steps=4,
-            log_every=2, eval_every=4, eval_windows=2, final_eval_tokens=1024, corpus_chars=150_000,
-        )
-    return settings
-
-
-def run(args: argparse.Namespace) -> dict:
-    return train(settings_from_args(args))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -384,21 +354,72 @@ def _load_checkpoint(path: Path, model, optimizer, settings: TrainSettings) -> P
     return Progress(**state["progress"])
 
 
-def train(settings: TrainSettings) -> dict:
-    """Train (or resume), evaluate, save OUT/model; returns the metadata written beside the model."""
-    torch.set_num_threads(settings.threads)
-    os.environ.setdefault("RAYON_NUM_THREADS", str(settings.threads))  # tokenizers' thread pool
+@dataclass(frozen=True)
+class TokenStreams:
+    tokenizer: object
+    train: torch.Tensor  # [T_train] long: the training files, one stream
+    heldout: torch.Tensor  # [T_heldout] long
+    corpus_sha256: str
+    python_version: str  # of the standard library the corpus was read from
+
+
+@dataclass
+class _Interval:
+    """What the training log sums up since its last line."""
+
+    counts: torch.Tensor  # [L, E] expert choices
+    loss: float = 0.0
+    steps: int = 0
+
+    def add(self, loss: float, counts: torch.Tensor) -> None:
+        self.loss += loss
+        self.steps += 1
+        self.counts += counts
+
+    def record(self, step: int, lr: float, tokens_seen: int) -> dict:
+        """The log line for the interval; starts the next one."""
+        spread = load_spread(self.counts)
+        record = {"step": step, "lr": lr, "train_loss": round(self.loss / self.steps, 4), "tokens_seen": tokens_seen,
+                  "load_min_over_mean": [lo for lo, _ in spread], "load_max_over_mean": [hi for _, hi in spread]}
+        self.loss, self.steps = 0.0, 0
+        self.counts.zero_()
+        return record
+
+
+def train(settings: TrainSettings, command: str = "") -> dict:
+    """Train (or resume), evaluate, save OUT/model; returns the metadata written beside the model
+    (`command`, how the run was started, is recorded in it).
+
+    Randomness is explicit: batches come from per-step generators (`batch_at`), and the weights
+    are initialised from `settings.seed` inside `torch.random.fork_rng`, which also holds the RNG
+    state a checkpoint saves and restores, so the caller's global RNG is left as it was. The thread
+    count is the caller's (the CLI sets it).
+    """
     out = Path(settings.out)
     out.mkdir(parents=True, exist_ok=True)
-    model_dir, checkpoint_path, log_path = out / "model", out / "checkpoint" / "state.pt", out / "train_log.jsonl"
+    model_dir = out / "model"
     if (model_dir / META_FILE).exists():
         print(f"{model_dir} is complete; delete it to train again", file=sys.stderr)
         return json.loads((model_dir / META_FILE).read_text())
+    # 1) tokenizer and token streams
+    data = token_streams(settings, out / "tokenizer")
+    with torch.random.fork_rng():
+        torch.manual_seed(settings.seed)
+        # 2) the model and optimizer: fresh, or from the checkpoint
+        model, optimizer, progress = _start_or_resume(settings, data, out)
+        # 3) the steps, until the step count or `stop_after_steps`
+        stopped = _train_steps(model, optimizer, progress, data, settings, out)
+    if stopped:
+        return {"stopped_at_step": progress.step}
+    # 4) evaluate, save, reload, evaluate again
+    return _finish(model, data, progress, settings, command)
 
+
+def token_streams(settings: TrainSettings, tokenizer_dir: Path) -> TokenStreams:
+    """The corpus (cut to `corpus_chars`) encoded with the tokenizer in `tokenizer_dir`, trained there first if absent."""
     corpus = load_corpus()
     train_files = _limit_chars(corpus.train_files, settings.corpus_chars)
     heldout_files = _limit_chars(corpus.heldout_files, settings.corpus_chars)
-    tokenizer_dir = out / "tokenizer"
     if tokenizer_dir.exists():
         tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
     else:
@@ -408,73 +429,54 @@ def train(settings: TrainSettings) -> dict:
     heldout_stream = torch.tensor(encode_documents(tokenizer, [f.text for f in heldout_files]))
     if len(heldout_stream) < settings.final_eval_tokens:
         raise ValueError(f"held-out text has {len(heldout_stream)} tokens, fewer than {settings.final_eval_tokens}")
+    return TokenStreams(tokenizer, train_stream, heldout_stream, corpus.sha256, corpus.python_version)
 
-    torch.manual_seed(settings.seed)
-    config = build_config(settings.shape, tokenizer.eos_token_id)
+
+def _start_or_resume(settings: TrainSettings, data: TokenStreams, out: Path):
+    """(model, optimizer, progress): a model initialised from the global RNG, restored from
+    OUT/checkpoint when one exists; the log records which."""
+    config = build_config(settings.shape, data.tokenizer.eos_token_id)
     model = AutoModelForCausalLM.from_config(config, experts_implementation=EXPERTS_IMPLEMENTATION)
     model.train()
     optimizer = make_optimizer(model, settings)
-    routers = routers_of(model)
-
-    progress = Progress(total_steps=settings.max_steps)
+    checkpoint_path, log_path = out / CHECKPOINT_FILE, out / LOG_FILE
     if checkpoint_path.exists():
         progress = _load_checkpoint(checkpoint_path, model, optimizer, settings)
         _append_log(log_path, {"event": "resume", **asdict(progress)})
-    else:
-        total, in_experts = count_params(model)
-        _append_log(log_path, {"event": "start", "settings": asdict(settings), "params_total": total,
-                               "params_experts": in_experts, "train_tokens": len(train_stream),
-                               "heldout_tokens": len(heldout_stream), "corpus_sha256": corpus.sha256})
+        return model, optimizer, progress
+    total, in_experts = count_params(model)
+    _append_log(log_path, {"event": "start", "settings": asdict(settings), "params_total": total,
+                           "params_experts": in_experts, "train_tokens": len(data.train),
+                           "heldout_tokens": len(data.heldout), "corpus_sha256": data.corpus_sha256})
+    return model, optimizer, Progress(total_steps=settings.max_steps)
 
-    tokens_per_step = settings.batch_size * settings.seq_len
-    eval_stream = heldout_stream[: settings.eval_windows * settings.seq_len]
-    interval_loss, interval_steps = 0.0, 0
-    interval_counts = torch.zeros(len(routers), settings.shape.n_routed_experts, dtype=torch.long)
+
+def _train_steps(model, optimizer, progress: Progress, data: TokenStreams, settings: TrainSettings, out: Path) -> bool:
+    """Steps until `progress.total_steps` (False) or `stop_after_steps` (True); logs, evaluates on
+    held-out windows and checkpoints along the way."""
+    routers = routers_of(model)
+    log_path = out / LOG_FILE
+    eval_stream = data.heldout[: settings.eval_windows * settings.seq_len]
+    interval = _Interval(torch.zeros(len(routers), settings.shape.n_routed_experts, dtype=torch.long))
     calibration_start: float | None = None
     last_checkpoint = time.monotonic()
-    bar = tqdm(total=progress.total_steps, initial=progress.step, desc="train-target", mininterval=30,
-               file=sys.stderr)
+    bar = tqdm(total=progress.total_steps, initial=progress.step, desc="train-target", mininterval=30, file=sys.stderr)
     while progress.total_steps is None or progress.step < progress.total_steps:
         step_start = time.monotonic()
         lr = lr_at(progress.step, progress.total_steps, settings)
-        for group in optimizer.param_groups:
-            group["lr"] = lr * group["lr_scale"]
-        input_ids = batch_at(train_stream, progress.step, settings)  # [B, T]
-        with RouterRecorder(routers) as recorder:
-            loss = model(input_ids=input_ids, labels=input_ids, use_cache=False).loss
-            loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        refine_biases(routers, recorder.inputs, settings.balance_gamma, settings.balance_refinements,
-                      settings.bias_clip)
+        loss, counts = _optimizer_step(model, optimizer, routers, batch_at(data.train, progress.step, settings), lr, settings)
         progress.step += 1
-        progress.tokens_seen += tokens_per_step
-        interval_loss += loss.item()
-        interval_steps += 1
-        interval_counts += recorder.counts
+        progress.tokens_seen += settings.batch_size * settings.seq_len
+        interval.add(loss, counts)
         bar.update(1)
-        bar.set_postfix(loss=f"{loss.item():.3f}", refresh=False)
-
-        if progress.total_steps is None:  # turn the minute budget into a step count
-            if progress.step == _UNTIMED_STEPS:
-                calibration_start = time.monotonic()
-            elif progress.step == settings.calibration_steps:
-                seconds_per_step = (time.monotonic() - calibration_start) / (settings.calibration_steps - _UNTIMED_STEPS)
-                seconds_per_step *= 1.03  # periodic evaluation and checkpoints
-                progress.total_steps = max(progress.step + 1, int(settings.minutes * 60 / seconds_per_step))
-                bar.total = progress.total_steps
-                _append_log(log_path, {"event": "calibrated", "seconds_per_step": round(seconds_per_step, 3),
-                                       "total_steps": progress.total_steps})
+        bar.set_postfix(loss=f"{loss:.3f}", refresh=False)
+        if progress.total_steps is None:
+            calibration_start = _calibrate(progress, settings, calibration_start, log_path)
+            bar.total = progress.total_steps
 
         record = None
         if progress.step % settings.log_every == 0 or progress.step == progress.total_steps:
-            spread = load_spread(interval_counts)
-            record = {"step": progress.step, "lr": lr, "train_loss": round(interval_loss / interval_steps, 4),
-                      "tokens_seen": progress.tokens_seen, "load_min_over_mean": [lo for lo, _ in spread],
-                      "load_max_over_mean": [hi for _, hi in spread]}
-            interval_loss, interval_steps = 0.0, 0
-            interval_counts.zero_()
+            record = interval.record(progress.step, lr, progress.tokens_seen)
         if progress.step % settings.eval_every == 0:
             heldout = evaluate(model, eval_stream, settings.seq_len, len(eval_stream))
             record = (record or {"step": progress.step}) | {"heldout_loss": heldout["loss"]}
@@ -488,22 +490,50 @@ def train(settings: TrainSettings) -> dict:
         finished = progress.step == progress.total_steps
         stopping = settings.stop_after_steps is not None and progress.step >= settings.stop_after_steps
         if finished or stopping or time.monotonic() - last_checkpoint >= settings.checkpoint_every_s:
-            _save_checkpoint(checkpoint_path, model, optimizer, progress, settings)
+            _save_checkpoint(out / CHECKPOINT_FILE, model, optimizer, progress, settings)
             last_checkpoint = time.monotonic()
         if stopping and not finished:
             bar.close()
             _append_log(log_path, {"event": "stopped", "step": progress.step})
-            return {"stopped_at_step": progress.step}
+            return True
     bar.close()
-    return _finish(model, tokenizer, heldout_stream, progress, settings, corpus.sha256, corpus.python_version)
+    return False
 
 
-def _finish(model, tokenizer, heldout_stream: torch.Tensor, progress: Progress, settings: TrainSettings,
-            corpus_sha256: str, python_version: str) -> dict:
+def _optimizer_step(model, optimizer, routers, input_ids: torch.Tensor, lr: float,
+                    settings: TrainSettings) -> tuple[float, torch.Tensor]:
+    """One step on input_ids [B, T], then the routers' bias refinement; (loss, expert counts [L, E])."""
+    for group in optimizer.param_groups:
+        group["lr"] = lr * group["lr_scale"]
+    with RouterRecorder(routers) as recorder:
+        loss = model(input_ids=input_ids, labels=input_ids, use_cache=False).loss
+        loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    refine_biases(routers, recorder.inputs, settings.balance_gamma, settings.balance_refinements, settings.bias_clip)
+    return loss.item(), recorder.counts
+
+
+def _calibrate(progress: Progress, settings: TrainSettings, started: float | None, log_path: Path) -> float | None:
+    """Turn the minute budget into a step count once `calibration_steps` are timed (the first
+    `_UNTIMED_STEPS` left out); returns when the timed steps started."""
+    if progress.step == _UNTIMED_STEPS:
+        return time.monotonic()
+    if progress.step == settings.calibration_steps:
+        seconds_per_step = (time.monotonic() - started) / (settings.calibration_steps - _UNTIMED_STEPS)
+        seconds_per_step *= 1.03  # periodic evaluation and checkpoints
+        progress.total_steps = max(progress.step + 1, int(settings.minutes * 60 / seconds_per_step))
+        _append_log(log_path, {"event": "calibrated", "seconds_per_step": round(seconds_per_step, 3),
+                               "total_steps": progress.total_steps})
+    return started
+
+
+def _finish(model, data: TokenStreams, progress: Progress, settings: TrainSettings, command: str) -> dict:
     """Evaluate in fp32, save in bfloat16 (selection bias kept fp32), reload and evaluate again."""
     out = Path(settings.out)
     model_dir = out / "model"
-    heldout_fp32 = evaluate(model, heldout_stream, settings.seq_len, settings.final_eval_tokens)
+    heldout_fp32 = evaluate(model, data.heldout, settings.seq_len, settings.final_eval_tokens)
     params_total, params_experts = count_params(model)
 
     routers = routers_of(model)
@@ -512,7 +542,7 @@ def _finish(model, tokenizer, heldout_stream: torch.Tensor, progress: Progress, 
     for router, bias in zip(routers, biases):
         router.e_score_correction_bias.data = bias  # a bf16 bias would perturb near-tied selections
     model.save_pretrained(model_dir)
-    tokenizer.save_pretrained(model_dir)
+    data.tokenizer.save_pretrained(model_dir)
 
     reloaded = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32,
                                                     experts_implementation=EXPERTS_IMPLEMENTATION)
@@ -520,16 +550,17 @@ def _finish(model, tokenizer, heldout_stream: torch.Tensor, progress: Progress, 
                         for router, bias in zip(routers_of(reloaded), biases))
     if not bias_restored:
         raise RuntimeError("e_score_correction_bias did not survive save_pretrained / from_pretrained")
-    heldout_bf16 = evaluate(reloaded, heldout_stream, settings.seq_len, settings.final_eval_tokens)
+    heldout_bf16 = evaluate(reloaded, data.heldout, settings.seq_len, settings.final_eval_tokens)
 
     meta = {
-        "command": shlex.join(sys.orig_argv),
-        "corpus_sha256": corpus_sha256,
-        "python_version": python_version,
+        "command": command,
+        "corpus_sha256": data.corpus_sha256,
+        "python_version": data.python_version,
         "torch_version": torch.__version__,
         "transformers_version": transformers.__version__,
         "experts_implementation": EXPERTS_IMPLEMENTATION,
         "seed": settings.seed,
+        "torch_threads": torch.get_num_threads(),
         "training_minutes": round(progress.elapsed_s / 60, 2),
         "steps": progress.step,
         "tokens_seen": progress.tokens_seen,
@@ -543,17 +574,6 @@ def _finish(model, tokenizer, heldout_stream: torch.Tensor, progress: Progress, 
         "settings": asdict(settings),
     }
     (model_dir / META_FILE).write_text(json.dumps(meta, indent=2) + "\n")
-    _append_log(out / "train_log.jsonl", {"event": "final", "heldout_fp32": heldout_fp32,
+    _append_log(out / LOG_FILE, {"event": "final", "heldout_fp32": heldout_fp32,
                                            "heldout_bf16_weights": heldout_bf16})
     return meta
-
-
-def main(argv: Sequence[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m moe_spec.training.train_target", description=__doc__.split("\n")[0])
-    add_arguments(parser)
-    meta = run(parser.parse_args(argv))
-    print(json.dumps({k: meta[k] for k in ("heldout_fp32", "training_minutes") if k in meta} or meta))
-
-
-if __name__ == "__main__":
-    main()

@@ -13,6 +13,7 @@ from moe_spec.drafters.eagle_head import EagleHead, config_for_target
 from moe_spec.core.engine import SpecDecoder
 from moe_spec.core.target import TargetModel
 from moe_spec.testing.tiny_models import tiny_model
+from moe_spec.cli import train_draft as train_draft_command
 from moe_spec.training import train_draft
 from moe_spec.training.train_draft import DistillLoss, DraftTrainSettings, TokenData, draft_vocabulary
 
@@ -88,8 +89,20 @@ def test_loss_is_the_restricted_target_distribution_and_skips_uncovered_position
     assert torch.allclose(loss, -(p * logq).sum(), atol=1e-5)
 
 
-def test_command_line_arguments():
+def test_command_line_arguments_default_to_the_settings():
     parser = argparse.ArgumentParser()
-    train_draft.add_arguments(parser)
+    train_draft_command.add_arguments(parser)
     args = parser.parse_args(["--target", "t", "--out", "o", "--steps", "7", "--draft-vocab", "512", "--prompts", "a.py", "b.py"])
     assert (args.steps, args.draft_vocab, args.prompts, args.seed) == (7, 512, ["a.py", "b.py"], 0)
+    defaults = DraftTrainSettings(out="o", steps=7, draft_vocab=512)
+    assert train_draft_command.settings_from_args(args) == defaults
+
+
+def test_training_leaves_the_callers_global_rng_and_threads_alone(tmp_path):
+    target = TargetModel(tiny_model("qwen3_moe"))
+    torch.manual_seed(123)
+    before = torch.get_rng_state()
+    threads = torch.get_num_threads()
+    train_draft.train_draft(target, _data(), _settings(tmp_path, steps=1))
+    assert torch.equal(torch.get_rng_state(), before)
+    assert torch.get_num_threads() == threads

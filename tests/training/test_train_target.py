@@ -11,14 +11,15 @@ from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, AutoTokenizer, DeepseekV3Config
 from transformers.models.deepseek_v3.modeling_deepseek_v3 import DeepseekV3TopkRouter
 
+from moe_spec.cli import train_target as train_target_command
 from moe_spec.training import train_target
 from moe_spec.training.corpus import heldout_prompts, is_excluded, is_heldout, load_corpus
 
 
 def _train(out, *extra: str) -> dict:
     parser = argparse.ArgumentParser()
-    train_target.add_arguments(parser)
-    return train_target.run(parser.parse_args(["--out", str(out), "--tiny", *extra]))
+    train_target_command.add_arguments(parser)
+    return train_target_command.run(parser.parse_args(["--out", str(out), "--tiny", *extra]))
 
 
 @pytest.fixture(scope="module")
@@ -107,3 +108,15 @@ def test_resume_continues_from_the_checkpoint_step(tmp_path, finished_run):
     resumed = load_file(tmp_path / "model" / "model.safetensors")
     assert reference.keys() == resumed.keys()
     assert all(torch.equal(reference[k], resumed[k]) for k in reference)
+
+
+def test_training_leaves_the_callers_global_rng_alone(tmp_path):
+    settings = train_target_command.settings_from_args(argparse.Namespace(
+        out=str(tmp_path), minutes=1.0, seed=0, max_steps=2, stop_after_steps=None, checkpoint_every_s=300.0,
+        tiny=True))
+    torch.manual_seed(123)
+    before = torch.get_rng_state()
+    threads = torch.get_num_threads()
+    train_target.train(settings)
+    assert torch.equal(torch.get_rng_state(), before)
+    assert torch.get_num_threads() == threads

@@ -1,0 +1,59 @@
+"""`moe-spec train-draft`: train an EAGLE-style draft head for a target (see `moe_spec.training.train_draft`).
+
+    moe-spec train-draft --target runs/default_target/model --out runs/default_draft --minutes 20
+    accelerate launch -m moe_spec.cli.main train-draft --target ... --out ...   # data-parallel
+
+Ends with one JSON line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import sys
+
+import torch
+
+from moe_spec.cli.defaults import field_defaults
+from moe_spec.errors import InputError
+from moe_spec.training.train_draft import DraftTrainSettings, load_target, text_data, train_draft
+
+DEFAULTS = field_defaults(DraftTrainSettings)
+DEFAULT_THREADS = 1
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--target", required=True, help="folder of the target model (and its tokenizer)")
+    parser.add_argument("--out", required=True, help="folder for the draft head")
+    parser.add_argument("--minutes", type=float, default=DEFAULTS["minutes"],
+                        help="training time budget (ignored with --steps)")
+    parser.add_argument("--steps", type=int, default=DEFAULTS["steps"], help="fixed number of steps (reproducible)")
+    parser.add_argument("--seed", type=int, default=DEFAULTS["seed"])
+    parser.add_argument("--draft-vocab", type=int, default=DEFAULTS["draft_vocab"],
+                        help="size of the reduced draft vocabulary")
+    parser.add_argument("--prompts", nargs="+", default=None, help="text files to train on instead of the corpus")
+    parser.add_argument("--threads", type=int, default=DEFAULT_THREADS, help="torch CPU threads")
+    parser.add_argument("--batch-size", type=int, default=DEFAULTS["batch_size"])
+    parser.add_argument("--ttt-steps", type=int, default=DEFAULTS["ttt_steps"], help="passes of the training-time test")
+    parser.add_argument("--head-intermediate", type=int, default=DEFAULTS["head_intermediate"],
+                        help="the head's MLP width (0: 4 x hidden)")
+
+
+def settings_from_args(args: argparse.Namespace) -> DraftTrainSettings:
+    return DraftTrainSettings(
+        out=args.out, minutes=args.minutes, steps=args.steps, seed=args.seed, draft_vocab=args.draft_vocab,
+        batch_size=args.batch_size, ttt_steps=args.ttt_steps, head_intermediate=args.head_intermediate,
+    )
+
+
+def run(args: argparse.Namespace) -> dict:
+    if args.threads < 1:
+        raise InputError(f"--threads must be >= 1, got {args.threads}")
+    torch.set_num_threads(args.threads)
+    settings = settings_from_args(args)
+    target, tokenizer = load_target(args.target)
+    meta = train_draft(target, text_data(tokenizer, args.prompts), settings, command=shlex.join(sys.orig_argv))
+    keys = ("minutes", "steps", "heldout_token_coverage", "heldout_top1_agreement_by_depth")
+    print(json.dumps({"command": "train-draft", "out": args.out, **{k: meta[k] for k in keys}}))
+    return meta
