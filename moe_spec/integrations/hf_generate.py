@@ -7,15 +7,17 @@
                          max_new_tokens=64)                      # greedy: identical to plain generate
     out = model.generate(input_ids, custom_generate=speculative_generate, drafter=LookupDrafter(),
                          controller=MoeAwareController(profile),  # optional: a moe_spec controller
-                         do_sample=True, temperature=0.8, top_p=0.95, streamer=streamer,
+                         do_sample=True, temperature=0.8, top_p=0.95, moe_streamer=streamer,
                          return_dict_in_generate=True)
+    out = model.generate(input_ids, custom_generate=speculative_generate, drafter="runs/head",
+                         method="moe-aware", profile="runs/profile.json")  # a method by name
 
 transformers 5.23 runs a callable `custom_generate` after its own preparation (generation config,
 special tokens, `max_length`, logits processors, stopping criteria) as
 `custom_generate(model, input_ids, logits_processor=..., stopping_criteria=..., generation_config=...,
 **custom_kwargs, **model_kwargs)`; parameters of the callable that `_sample` lacks (`drafter`,
-`controller`, `generator`, `step_observer`) are taken from `generate`'s keyword arguments and handed
-over. This function then decodes with `SpecDecoder`, so the output is the target's own: greedy
+`controller`, `method`, `profile`, `generator`, `observer`, `moe_streamer`) are taken from
+`generate`'s keyword arguments and handed over. This function then decodes with `SpecDecoder`, so the output is the target's own: greedy
 output equals `model.generate(..., do_sample=False)`, sampled output is distributed as the target's
 (see `acceptance.py`).
 
@@ -28,11 +30,19 @@ How `generate`'s settings are mapped:
 - `drafter`: a `Drafter`, a spec string for `moe_spec.loading.load_drafter` ('lookup', a head
   folder) or None (plain autoregressive decoding through moe_spec's cache machinery);
 - `controller`: a moe_spec `Controller`, or None (the drafter's default tree);
+- `method`: instead of `controller`, a method of `moe_spec.policy.registry` by name (`ar`, `eagle2`,
+  `static:N`, `truncate`, `moe-aware`, `moe-aware-noexperts`), built as `moe-spec bench` builds
+  it: on `drafter` (needed by every method but `ar`, which decodes without one) and, for the
+  methods that price nodes, `profile` (a `Profile` or the path of a profile JSON of this target);
 - `generator`: a `torch.Generator` for sampling; without one a generator is seeded from torch's
   global RNG, so `torch.manual_seed(s)` makes a sampled call reproducible as it does for `generate`;
-- `streamer`: receives the new tokens step by step, then `end()` (`generate` itself sends the prompt;
-  transformers 5.23 does not hand `streamer` to a callable, so it is read from `generate`'s call,
-  see `_generate_callers_streamer`);
+- `moe_streamer`: a streamer (`put` / `end`, as transformers' `TextStreamer`) that receives the
+  prompt, then the new tokens step by step, then `end()`. Pass it instead of `streamer`:
+  transformers 5.23 never hands `streamer` to a callable `custom_generate` (`streamer` is a
+  parameter of `_sample`, so `_extract_generation_mode_kwargs` does not count it among the
+  callable's own arguments, and it is not among the model kwargs either). `generate` only sends it
+  the prompt, and nothing that reaches this function tells that one was given, so it cannot be
+  refused here: a `streamer=` gets the prompt and never `end()`;
 - a batch is given left-padded with its `attention_mask`, as for `generate`; rows decode together
   in one verify pass per step (the drafter drafts them together when it has `for_batch`, as the EAGLE
   drafter does, else one `spawn()`ed copy per row), and rows that finish
@@ -48,8 +58,7 @@ length and EOS, `output_scores` / `output_logits` / attentions / hidden states, 
 
 from __future__ import annotations
 
-import sys
-from collections.abc import Callable
+from pathlib import Path
 
 import torch
 from transformers import GenerationConfig, PreTrainedModel
@@ -59,9 +68,13 @@ from transformers.generation.stopping_criteria import EosTokenCriteria, MaxLengt
 
 from moe_spec.core.control import Controller
 from moe_spec.core.drafting import Drafter
-from moe_spec.core.engine import SpecDecoder, StepRecord
+from moe_spec.core.engine import SpecDecoder
+from moe_spec.core.step_record import DecodeObserver
 from moe_spec.errors import InputError
 from moe_spec.core.target import TargetModel
+from moe_spec.loading import load_drafter
+from moe_spec.policy.registry import MethodContext, build_method
+from moe_spec.profile.artifact import Profile
 
 _SAMPLING_WARPERS = (TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper)
 _STOPPING = (MaxLengthCriteria, EosTokenCriteria)
@@ -78,9 +91,11 @@ def speculative_generate(
     generation_config: GenerationConfig | None = None,
     drafter: Drafter | str | None = None,
     controller: Controller | None = None,
+    method: str | None = None,
+    profile: Profile | str | Path | None = None,
     generator: torch.Generator | None = None,
-    step_observer: Callable[[StepRecord], None] | None = None,
-    streamer=None,
+    observer: DecodeObserver | None = None,
+    moe_streamer=None,
     **model_kwargs,
 ) -> torch.Tensor | GenerateDecoderOnlyOutput:
     """The decoding loop `model.generate(..., custom_generate=speculative_generate)` runs; see module docstring.
@@ -97,25 +112,20 @@ def speculative_generate(
     if max_new_tokens < 1:
         raise InputError(f"the prompt ({input_ids.shape[1]} tokens) already reaches max_length={config.max_length}")
     target = TargetModel(model)
-    if isinstance(drafter, str):
-        from moe_spec.loading import load_drafter
-
-        drafter = load_drafter(drafter, target)
+    drafter, controller = _drafter_and_controller(target, drafter, controller, method, profile)
     sampling = _sampling_settings(config)
     if sampling["temperature"] > 0 and generator is None:
         # what `generate` does implicitly (torch.multinomial on the global RNG), made explicit
         generator = torch.Generator().manual_seed(int(torch.randint(0, 2**62, ())))
-    if streamer is None:
-        streamer = _generate_callers_streamer()
     eos = _eos_ids(config)
-    decoder = SpecDecoder(target, drafter=drafter, controller=controller, step_observer=step_observer)
+    decoder = SpecDecoder(target, drafter=drafter, controller=controller, observer=observer)
     result = decoder.generate(
         input_ids,
         attention_mask=attention_mask,
         max_new_tokens=max_new_tokens,
         eos_token_id=eos,
         generator=generator,
-        streamer=_AfterPrompt(streamer) if streamer is not None else None,
+        streamer=moe_streamer,
         **sampling,
     )
     pad = config.pad_token_id if config.pad_token_id is not None else (eos[0] if eos else 0)
@@ -123,6 +133,23 @@ def speculative_generate(
     if config.return_dict_in_generate:
         return GenerateDecoderOnlyOutput(sequences=sequences)
     return sequences
+
+
+def _drafter_and_controller(target: TargetModel, drafter, controller, method: str | None, profile):
+    """The drafter and controller to decode with: as given, or method `method` of the registry."""
+    if isinstance(drafter, str):
+        drafter = load_drafter(drafter, target)
+    if method is None:
+        if profile is not None:
+            raise InputError("profile= is read by method= only; pass a method, or build the controller from it")
+        return drafter, controller
+    if controller is not None:
+        raise InputError(f"give method= or controller=, not both (got method={method!r} and a {type(controller).__name__})")
+    load_profile = None if profile is None else (
+        lambda: profile if isinstance(profile, Profile) else Profile.load(profile, target))
+    context = MethodContext(target, lambda: drafter, load_profile, drafter_option="drafter=", profile_option="profile=")
+    built = build_method(method, context)
+    return built.drafter, built.controller
 
 
 def _check_supported(input_ids, config: GenerationConfig, logits_processor, stopping_criteria, model_kwargs: dict) -> None:
@@ -179,36 +206,3 @@ def _padded_after_eos(sequences: torch.Tensor, prompt_len: int, eos: set[int], p
         if first is not None:
             row[prompt_len + first + 1:] = pad
     return sequences
-
-
-def _generate_callers_streamer():
-    """The `streamer` given to `GenerationMixin.generate`, which called us.
-
-    transformers 5.23 does not forward `streamer` to a callable `custom_generate`:
-    `_extract_generation_mode_kwargs` replaces the generation-mode kwargs (the streamer among
-    them) with the callable's own extra parameters, yet `generate` has already sent the prompt to
-    the streamer. A consumer waiting on `end()` (`TextIteratorStreamer`) would wait forever, so we
-    read the argument from `generate`'s frame; the check on the function and module names means a
-    transformers that passes the streamer itself, or calls us some other way, skips this path.
-    """
-    frame = sys._getframe(2)  # 0: this function, 1: speculative_generate, 2: its caller
-    if frame.f_code.co_name == "generate" and frame.f_globals.get("__name__") == "transformers.generation.utils":
-        return frame.f_locals.get("streamer")
-    return None
-
-
-class _AfterPrompt:
-    """A streamer view that drops the first `put` (the prompt, which `generate` already sent)."""
-
-    def __init__(self, streamer):
-        self.streamer = streamer
-        self._prompt_sent = False
-
-    def put(self, value: torch.Tensor) -> None:
-        if not self._prompt_sent:
-            self._prompt_sent = True
-            return
-        self.streamer.put(value)
-
-    def end(self) -> None:
-        self.streamer.end()

@@ -69,15 +69,48 @@ def test_sampling_with_a_seed_is_reproducible_and_stays_in_vocabulary():
     assert torch.equal(explicit[0], explicit[1])
 
 
-def test_streamer_gets_the_prompt_once_then_every_new_token_then_end():
+def test_moe_streamer_gets_the_prompt_once_then_every_new_token_then_end():
     model = tiny_model("olmoe")
     streamer = RecordingStreamer()
     ids = torch.tensor([REPETITIVE_PROMPT])
     out = model.generate(ids, custom_generate=speculative_generate, drafter=LookupDrafter(), max_new_tokens=20,
-                         streamer=streamer)
+                         moe_streamer=streamer)
     assert streamer.puts[0] == REPETITIVE_PROMPT
     assert [t for put in streamer.puts[1:] for t in put] == out[0, len(REPETITIVE_PROMPT):].tolist()
     assert len(streamer.puts) > 2 and streamer.ended
+
+
+def test_generates_own_streamer_never_reaches_a_callable_so_moe_streamer_is_needed():
+    """transformers 5.23 sends `streamer=` the prompt and keeps it from a callable `custom_generate`
+    (the documented reason for `moe_streamer`); if this starts failing, transformers forwards it now."""
+    model = tiny_model("qwen3_moe")
+    streamer = RecordingStreamer()
+    model.generate(torch.tensor([PLAIN_PROMPT]), custom_generate=speculative_generate, drafter=LookupDrafter(),
+                   max_new_tokens=4, streamer=streamer)
+    assert streamer.puts == [PLAIN_PROMPT] and not streamer.ended
+
+
+@pytest.mark.parametrize("method", ["ar", "eagle2", "static:4"])
+def test_a_method_by_name_decodes_like_generate(moe_model, method):
+    ids = torch.tensor([REPETITIVE_PROMPT])
+    out = moe_model.generate(ids, custom_generate=speculative_generate, drafter=LookupDrafter(), method=method,
+                             max_new_tokens=12)
+    assert torch.equal(out, hf_greedy(moe_model, REPETITIVE_PROMPT, 12))
+
+
+@pytest.mark.parametrize("settings, message", [
+    ({"method": "moe-aware"}, "needs a profile of the target; pass profile="),
+    ({"method": "eagle2", "drafter": None}, "needs a drafter; pass drafter="),
+    ({"method": "static-best"}, "not a method one run can use"),
+    ({"method": "medusa"}, "unknown method 'medusa'"),
+    ({"method": "eagle2", "controller": StaticController(TreeBudget(4, 8, 4))}, "method= or controller=, not both"),
+    ({"profile": "p.json"}, "profile= is read by method= only"),
+])
+def test_bad_method_requests_are_refused_naming_the_parameter(settings, message):
+    model = tiny_model("qwen3_moe")
+    with pytest.raises(InputError, match=message):
+        model.generate(torch.tensor([PLAIN_PROMPT]), custom_generate=speculative_generate,
+                       **{"drafter": LookupDrafter(), **settings}, max_new_tokens=4)
 
 
 @pytest.mark.parametrize("settings, message", [
@@ -113,4 +146,15 @@ def test_a_streamer_with_a_batch_is_refused():
     model = tiny_model("qwen3_moe")
     with pytest.raises(InputError, match="single prompt"):
         model.generate(torch.tensor([PLAIN_PROMPT, PLAIN_PROMPT]), custom_generate=speculative_generate,
-                       drafter=LookupDrafter(), max_new_tokens=4, streamer=RecordingStreamer())
+                       drafter=LookupDrafter(), max_new_tokens=4, moe_streamer=RecordingStreamer())
+
+
+def test_moe_aware_by_name_on_the_embedded_pair_reads_the_profile_and_decodes_like_generate():
+    from moe_spec.loading import load_target
+    from moe_spec.measure.store import DEFAULT_PROFILE
+
+    model = load_target()
+    ids = torch.tensor([REPETITIVE_PROMPT])
+    out = model.generate(ids, custom_generate=speculative_generate, drafter="default", method="moe-aware",
+                         profile=DEFAULT_PROFILE, max_new_tokens=12)
+    assert torch.equal(out, hf_greedy(model, REPETITIVE_PROMPT, 12))
