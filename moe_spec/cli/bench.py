@@ -15,16 +15,19 @@ from pathlib import Path
 import torch
 import transformers
 
-from moe_spec.policy.registry import STATIC_BEST, MethodContext, build_method, expand_methods, parse_methods
+from moe_spec.cli.defaults import field_defaults
+from moe_spec.policy.registry import STATIC_BEST, MethodContext, build_method, expand_methods, method_names, parse_methods
 from moe_spec.experiments.bench_plots import write_bench_plots
 from moe_spec.experiments.prompt_file import load_prompts
 from moe_spec.experiments.report import build_report, format_report, summary_line
 from moe_spec.experiments.runner import RunSettings, run_methods
 from moe_spec.errors import InputError
 from moe_spec.profile.artifact import Profile
-from moe_spec.measure.store import DEFAULT_PROFILE, profile_for
+from moe_spec.measure.store import DEFAULT_PROFILE, cached_profile_path, profile_for
 from moe_spec.loading import load_drafter, load_target, load_tokenizer, model_folder
 from moe_spec.core.target import TargetModel
+
+RUN_DEFAULTS = field_defaults(RunSettings)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -33,18 +36,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="'lookup', 'default' (the embedded head) or a head folder; shared by every drafting method")
     parser.add_argument("--prompts", required=True, help="JSON-lines prompt file (`prompt` or `prompt_ids`, optional `class`)")
     parser.add_argument("--methods", default="ar,eagle2",
-                        help="comma-separated: ar, eagle2, static:N, static-best, truncate, moe-aware, moe-aware-noexperts")
+                        help=f"comma-separated: {method_names()}")
     parser.add_argument("--profile", default=None,
                         help="profile JSON for truncate / moe-aware (default: shipped, cached, or profiled now)")
     parser.add_argument("--plots", default=None, help="folder for PNG figures")
-    parser.add_argument("--max-new-tokens", type=int, default=64)
-    parser.add_argument("--batch-size", type=int, default=1, help="prompts of one class decoded together (left-padded)")
-    parser.add_argument("--temperature", type=float, default=0.0, help="0: greedy")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--repeats", type=int, default=1,
+    parser.add_argument("--max-new-tokens", type=int, default=RUN_DEFAULTS["max_new_tokens"])
+    parser.add_argument("--batch-size", type=int, default=RUN_DEFAULTS["batch_size"],
+                        help="prompts of one class decoded together (left-padded)")
+    parser.add_argument("--temperature", type=float, default=RUN_DEFAULTS["temperature"], help="0: greedy")
+    parser.add_argument("--seed", type=int, default=RUN_DEFAULTS["seed"])
+    parser.add_argument("--repeats", type=int, default=RUN_DEFAULTS["repeats"],
                         help="passes over the prompts, methods interleaved; figures are totals (steadier on a busy machine)")
     parser.add_argument("--limit", type=int, default=None, help="at most this many prompts per class (the first ones)")
-    parser.add_argument("--warmup-tokens", type=int, default=16, help="per method, before timing; 0: no warm-up")
+    parser.add_argument("--warmup-tokens", type=int, default=RUN_DEFAULTS["warmup_tokens"],
+                        help="per method, before timing; 0: no warm-up")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's own choice)")
     parser.add_argument("--dtype", default="float32")
     parser.add_argument("--experts-implementation", default="grouped_mm")
@@ -117,9 +122,14 @@ def _profile(args: argparse.Namespace, target: TargetModel, context: MethodConte
         return profile
     drafter = context.drafter("profile")
     embedded = args.model is None and args.drafter == "default"
-    if not (embedded and DEFAULT_PROFILE.is_file()):
-        print("no --profile: using a cached profile of this target, or profiling it now", file=sys.stderr)
     drafter_name = args.drafter if args.model is None else f"{model_folder(args.model)}|{args.drafter}"
+    if not (embedded and DEFAULT_PROFILE.is_file()):
+        cached = cached_profile_path(target, drafter_name)
+        if cached.is_file():
+            print(f"no --profile: using the cached profile {cached}", file=sys.stderr)
+        else:
+            print(f"no --profile: profiling this target now (minutes) and caching the profile at {cached}",
+                  file=sys.stderr)
     profile, source = profile_for(target, drafter, drafter_name, [ids[0] for ids in input_ids], embedded=embedded)
     context.profile_source = source
     return profile

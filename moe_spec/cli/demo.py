@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 
+from moe_spec.cli.defaults import field_defaults
 from moe_spec.policy.registry import MethodContext, build_method
 from moe_spec.experiments.prompt_sets import build_prompt_sets
 from moe_spec.experiments.prompt_file import Prompt, load_prompts
@@ -23,6 +24,7 @@ from moe_spec.profile.artifact import Profile
 from moe_spec.measure.store import DEFAULT_PROFILE
 from moe_spec.core.target import TargetModel
 
+RUN_DEFAULTS = field_defaults(RunSettings)
 METHODS = ("ar", "eagle2")
 PROMPT_CLASSES = ("code", "prose", "copy")
 COLUMNS = (
@@ -37,7 +39,7 @@ COLUMNS = (
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default=None, help="model folder (default: the embedded target)")
     parser.add_argument("--drafter", default="default", help="'default' (the embedded head), 'lookup' or a head folder")
-    parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument("--max-new-tokens", type=int, default=RUN_DEFAULTS["max_new_tokens"])
     parser.add_argument("--prompts", default=None,
                         help="JSON-lines prompt file; the first prompt of each class, three at most "
                              "(default: code, prose and copy prompts built from the held-out corpus)")

@@ -26,6 +26,7 @@ from moe_spec.experiments.replay import (
     DEFAULT_POLICIES, DRAFT_TIMES, check_greedy_trace, draft_factor, parse_policies, recorded_step, simulate, summarise,
 )
 from moe_spec.experiments.trace_file import Trace, read_trace
+from moe_spec.policy.registry import method_names
 
 LABEL = "SIMULATION"
 NOTE = ("SIMULATION: verify times are predicted by the cost model named, on the routing recorded in the trace; "
@@ -50,7 +51,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--per-expert-scale", type=_scales, default=(1.0,),
                         help="comma-separated factors for the per-expert cost, e.g. 1,2,4,8")
     parser.add_argument("--policies", default=",".join(DEFAULT_POLICIES),
-                        help="comma-separated: ar, eagle2, static:N, static-best, truncate, moe-aware, moe-aware-noexperts")
+                        help=f"comma-separated: {method_names()}")
     parser.add_argument("--model", default=None, help="model folder whose config.json gives the shapes for analytic "
                                                        "cost models (default: the traced model)")
     parser.add_argument("--context-tokens", type=int, default=None,

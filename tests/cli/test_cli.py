@@ -67,3 +67,28 @@ def test_generate_method_that_prices_nodes_needs_a_profile_off_the_embedded_pair
                  "--method", "moe-aware"])
     assert code == 2
     assert "needs a profile of the target; pass --profile" in capsys.readouterr().err
+
+
+def test_bench_without_profile_names_the_cached_profile_it_uses_on_stderr(tiny_folder, tmp_path, monkeypatch, capsys):
+    import torch
+
+    from moe_spec import LookupDrafter
+    from moe_spec.core.target import TargetModel
+    from moe_spec.loading import load_target, model_folder
+    from moe_spec.measure.latency import TimingConfig
+    from moe_spec.measure.profiler import ProfileSettings, build_profile
+    from moe_spec.measure.store import cached_profile_path
+
+    monkeypatch.setenv("MOE_SPEC_CACHE", str(tmp_path / "cache"))
+    target = TargetModel(load_target(tiny_folder))
+    quick = ProfileSettings(max_new_tokens=12, prefix_len=16, grid_tokens=(1, 4), grid_experts=(2, 4), natural_trees=4,
+                            curve_sizes=(1, 2, 4), timing=TimingConfig(repeats=1, warmup=0, evict_mb=0))
+    cached = cached_profile_path(target, f"{model_folder(tiny_folder)}|lookup")
+    cached.parent.mkdir(parents=True)
+    build_profile(target, LookupDrafter(), [torch.tensor(REPETITIVE_PROMPT), torch.tensor([9, 3, 9, 4] * 4)],
+                  quick).save(cached)
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text(json.dumps({"prompt_ids": REPETITIVE_PROMPT}) + "\n")
+    assert main(["bench", "--model", str(tiny_folder), "--drafter", "lookup", "--prompts", str(prompts),
+                 "--methods", "ar,moe-aware", "--max-new-tokens", "4", "--warmup-tokens", "0", "--no-progress"]) == 0
+    assert f"no --profile: using the cached profile {cached}" in capsys.readouterr().err
