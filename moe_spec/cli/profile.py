@@ -16,6 +16,7 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import torch
 from tqdm import tqdm
 
@@ -153,31 +154,20 @@ def _tqdm_progress(description: str, total: int):
 
 
 def write_plots(profile: Profile, folder: Path) -> list[Path]:
-    from moe_spec.profile.cost_model import CostSample
     from moe_spec.measure import plots
+    from moe_spec.measure.sweep import LatencySweep
 
     folder.mkdir(parents=True, exist_ok=True)
     written = []
-    routing = profile.details.get("routing")
-    if routing:
-        curve = routing["unique_experts_curve"]
-        real = [sum(r) / len(r) if all(v is not None for v in r) else float("nan") for r in curve["real"]]
-        random = [sum(r) / len(r) for r in curve["random"]]
+    if profile.unique_experts_curve is not None:
         written.append(folder / "unique_experts_vs_tokens.png")
-        plots.plot_unique_experts(curve["sizes"], real, random, profile.fingerprint["num_experts"], written[-1])
-    latency = profile.details["latency"]
-    if latency["grid"]:
+        plots.plot_unique_experts(profile.unique_experts_curve, profile.fingerprint["num_experts"], written[-1])
+    sweep = LatencySweep.from_dict(profile.details["latency"], profile.cost_model.num_layers)
+    if sweep.of_kind("grid"):
         written.append(folder / "latency_heatmap.png")
-        plots.plot_latency_heatmap(latency["grid"], written[-1], latency.get("statistic", "min"))
-    num_layers = profile.cost_model.num_layers
-    fitted = [CostSample(p["T"], (p["U"],) * num_layers, p["ms"]) for p in latency["grid"]]
-    fitted += [CostSample(n["T"], tuple(n["U"]), n["ms"]) for n in latency["natural_trees"] if n["split"] == "fit"]
-    held_out = [CostSample(n["T"], tuple(n["U"]), n["ms"]) for n in latency["natural_trees"] if n["split"] == "heldout"]
-    batched = latency.get("batched_passes", [])
-    fitted += [CostSample(p["T"], tuple(p["U"]), p["ms"], p["B"]) for p in batched if p["split"] == "batch-fit"]
-    held_out_batched = [CostSample(p["T"], tuple(p["U"]), p["ms"], p["B"]) for p in batched if p["split"] == "batch-heldout"]
+        plots.plot_latency_heatmap(sweep, written[-1])
     written.append(folder / "cost_model_residuals.png")
-    plots.plot_residuals(profile.cost_model, fitted, held_out, held_out_batched, written[-1])
+    plots.plot_residuals(profile.cost_model, sweep, written[-1])
     if "routing_load" in profile.arrays:
         load = profile.arrays["routing_load"]
         written.append(folder / "expert_load.png")
@@ -218,11 +208,11 @@ def summary_table(profile: Profile) -> str:
         p = d["expert_predictor"]
         recall = " ".join(f"{v:.2f}" for v in p["node_recall"])
         rows.append(("predictor", f"node recall per layer {recall}  (chance {p['chance_recall']:.2f})"))
-    if "routing" in d:
-        curve = d["routing"]["unique_experts_curve"]
-        real = [f"{sum(r) / len(r):.1f}" if all(v is not None for v in r) else "-" for r in curve["real"]]
-        random = [f"{sum(r) / len(r):.1f}" for r in curve["random"]]
-        rows.append(("unique experts", f"T={curve['sizes']}  trees {real}  random {random}"))
+    curve = profile.unique_experts_curve
+    if curve is not None:
+        real = ["-" if np.isnan(v) else f"{v:.1f}" for v in curve.real.mean(axis=1)]
+        random = [f"{v:.1f}" for v in curve.random.mean(axis=1)]
+        rows.append(("unique experts", f"T={list(curve.sizes)}  trees {real}  random {random}"))
     if "draft_cost" in d:
         dc = d["draft_cost"]
         rows.append(("draft cost", f"{dc['base_ms']:.3f} ms + {dc['per_depth_ms']:.3f} ms/depth + {dc['per_node_ms']:.4f} ms/node"))

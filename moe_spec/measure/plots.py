@@ -10,13 +10,16 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402  (the backend must be chosen first)
 import numpy as np  # noqa: E402
 
-from moe_spec.profile.cost_model import CostModel, CostSample, predict_sample  # noqa: E402
+from moe_spec.measure.sweep import LatencySweep  # noqa: E402
+from moe_spec.profile.cost_model import CostModel, predict_sample  # noqa: E402
+from moe_spec.profile.unique_curve import UniqueExpertsCurve  # noqa: E402
 
 
-def plot_unique_experts(sizes, real_mean, random_mean, num_experts: int, path: Path) -> None:
+def plot_unique_experts(curve: UniqueExpertsCurve, num_experts: int, path: Path) -> None:
+    """Mean over layers; a size no real tree reached is left out of the real line."""
     fig, ax = plt.subplots(figsize=(5, 3.5))
-    ax.plot(sizes, real_mean, "o-", label="real draft trees (best-first prefix)")
-    ax.plot(sizes, random_mean, "s--", label="random tokens")
+    ax.plot(curve.sizes, curve.real.mean(axis=1), "o-", label="real draft trees (best-first prefix)")
+    ax.plot(curve.sizes, curve.random.mean(axis=1), "s--", label="random tokens")
     ax.axhline(num_experts, color="grey", lw=0.8, ls=":", label=f"all {num_experts} experts")
     ax.set_xscale("log", base=2)
     ax.set_xlabel("verified tokens T")
@@ -26,12 +29,14 @@ def plot_unique_experts(sizes, real_mean, random_mean, num_experts: int, path: P
     _save(fig, path)
 
 
-def plot_latency_heatmap(points: list[dict], path: Path, statistic: str = "min") -> None:
-    tokens = sorted({p["T"] for p in points})
-    experts = sorted({p["U"] for p in points})
+def plot_latency_heatmap(sweep: LatencySweep, path: Path) -> None:
+    """The grid passes: verify ms over T and the U forced in every layer."""
+    points = [(p.num_tokens, p.unique_experts[0] if p.unique_experts else 0, p.ms(sweep.statistic)) for p in sweep.of_kind("grid")]
+    tokens = sorted({t for t, _, _ in points})
+    experts = sorted({u for _, u, _ in points})
     grid = np.full((len(experts), len(tokens)), np.nan)
-    for p in points:
-        grid[experts.index(p["U"]), tokens.index(p["T"])] = p["ms"]
+    for t, u, ms in points:
+        grid[experts.index(u), tokens.index(t)] = ms
     fig, ax = plt.subplots(figsize=(5, 3.5))
     image = ax.imshow(grid, origin="lower", aspect="auto", cmap="viridis")
     ax.set_xticks(range(len(tokens)), [str(t) for t in tokens])
@@ -41,16 +46,19 @@ def plot_latency_heatmap(points: list[dict], path: Path, statistic: str = "min")
             ax.text(col, row, f"{value:.1f}", ha="center", va="center", fontsize=7, color="white")
     ax.set_xlabel("verified tokens T")
     ax.set_ylabel("unique experts per layer U (forced)")
-    fig.colorbar(image, ax=ax, label=f"verify ms ({statistic} of repeats)")
+    fig.colorbar(image, ax=ax, label=f"verify ms ({sweep.statistic} of repeats)")
     ax.set_title("Verify latency")
     _save(fig, path)
 
 
-def plot_residuals(
-    model: CostModel, fitted: list[CostSample], held_out: list[CostSample], held_out_batched: list[CostSample], path: Path
-) -> None:
+def plot_residuals(model: CostModel, sweep: LatencySweep, path: Path) -> None:
+    """Relative error of `model` on the passes it was fitted on and on the held-out ones."""
     fig, ax = plt.subplots(figsize=(5, 3.5))
-    series = ((fitted, "fitted on", "o"), (held_out, "held-out natural trees", "x"), (held_out_batched, "held-out batched passes", "+"))
+    series = (
+        (sweep.fit_samples(), "fitted on", "o"),
+        (sweep.samples("natural", "heldout"), "held-out natural trees", "x"),
+        (sweep.samples("batched", "heldout"), "held-out batched passes", "+"),
+    )
     for samples, label, marker in series:
         if samples:
             measured = np.array([s.ms for s in samples])

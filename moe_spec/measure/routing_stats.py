@@ -7,12 +7,14 @@ load row sums to K times the number of tokens.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import numpy as np
 import torch
 
-from moe_spec.measure.trace import TracedStep, best_first_order
+from moe_spec.core.step_record import StepRecord
+from moe_spec.core.tree import DraftTree
+from moe_spec.profile.expert_table import TokenExpertTable
+from moe_spec.profile.unique_curve import UniqueExpertsCurve
 
 
 class RoutingStats:
@@ -70,13 +72,6 @@ class RoutingStats:
         """[L] experts that no token was routed to."""
         return (self.load == 0).sum(axis=1)
 
-    def coactivation_lift(self) -> np.ndarray:
-        """[L, E, E] P(e and f) / (P(e) P(f)) over tokens; > 1: the pair fires together more than chance."""
-        n = max(self.num_tokens, 1)
-        p = self.load / n  # [L, E]
-        joint = self.coactivation / n
-        return joint / np.maximum(p[:, :, None] * p[:, None, :], 1e-12)
-
     def token_concentration(self, min_count: int = 5) -> np.ndarray:
         """[L] for token ids seen >= min_count times, the mean share of their routings that went to
         their own K most frequent experts (1.0: a token id always picks the same experts)."""
@@ -87,37 +82,39 @@ class RoutingStats:
         top = np.sort(counts, axis=-1)[..., -self.top_k:].sum(-1)  # [S, L]
         return (top / (self.token_totals[seen, None] * self.top_k)).mean(axis=0)
 
+    def expert_table(self, pseudo_count: float = 1.0) -> TokenExpertTable:
+        """The token-id expert predictor these counts make (see `TokenExpertTable`)."""
+        return TokenExpertTable.from_counts(self.token_totals, self.token_counts, self.load, self.top_k, pseudo_count)
 
-@dataclass(frozen=True)
-class UniqueCurve:
-    """Mean distinct experts per MoE layer over T verified tokens."""
 
-    sizes: tuple[int, ...]  # T
-    real: np.ndarray  # [S, L] best-first prefixes of real draft trees (nan where no tree was that large)
-    real_trees: tuple[int, ...]  # [S] trees contributing to each size
-    random: np.ndarray  # [S, L] T tokens drawn at random from the decoded text's routing
+def best_first_order(tree: DraftTree) -> list[int]:
+    """Node indices by decreasing cumulative draft score (ties: lower index), root first.
 
-    def mean_over_layers(self) -> tuple[list[float], list[float]]:
-        return np.nanmean(self.real, axis=1).tolist(), self.random.mean(axis=1).tolist()
+    A child's cumulative score never exceeds its parent's, so every prefix of this order is a
+    connected subtree: the nodes a score-truncating controller would verify.
+    """
+    order = sorted(range(1, len(tree)), key=lambda i: (-float(tree.scores[i]), i))
+    return [0] + order
 
 
 def unique_experts_curve(
-    steps: Sequence[TracedStep],
+    steps: Sequence[StepRecord],
     pool: torch.Tensor,  # [L, P, K]: routing of decoded context tokens, the random baseline's population
     sizes: Sequence[int],
     generator: torch.Generator,
     random_draws: int = 64,
-) -> UniqueCurve:
-    """Unique experts for the best-first T nodes of real draft trees vs T random tokens."""
+) -> UniqueExpertsCurve:
+    """Unique experts for the best-first T nodes of real verified trees (one-row records) vs T random tokens."""
     num_layers = pool.shape[0]
     real = np.full((len(sizes), num_layers), np.nan)
     counts = []
     for row, size in enumerate(sizes):
         per_tree = []
         for step in steps:
-            if len(step.tree) >= size:
-                nodes = best_first_order(step.tree)[:size]
-                per_tree.append(unique_per_layer(step.experts[:, nodes]))
+            tree = step.tree()
+            if len(tree) >= size:
+                nodes = best_first_order(tree)[:size]
+                per_tree.append(unique_per_layer(step.experts()[:, nodes]))
         counts.append(len(per_tree))
         if per_tree:
             real[row] = np.mean(per_tree, axis=0)
@@ -129,7 +126,7 @@ def unique_experts_curve(
             for _ in range(random_draws)
         ]
         random[row] = np.mean(draws, axis=0)
-    return UniqueCurve(tuple(sizes), real, tuple(counts), random)
+    return UniqueExpertsCurve(tuple(sizes), real, tuple(counts), random)
 
 
 def unique_per_layer(experts: torch.Tensor) -> np.ndarray:

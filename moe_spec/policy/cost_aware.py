@@ -31,18 +31,14 @@ def token_count_cost(profile):
     cost = profile.cost_model
     if cost.num_layers == 0:
         return lambda tokens, rows=1: cost.fixed_ms(rows) + cost.per_token_ms * tokens
-    curve = profile.details.get("routing", {}).get("unique_experts_curve")
-    if not curve:
+    curve = profile.unique_experts_curve
+    if curve is None:
         raise ValueError("this profile has no unique-experts curve for real trees")
-    sizes = np.asarray(curve["sizes"], dtype=np.float64)
-    real = np.asarray(curve["real"], dtype=np.float64)  # [sizes, L], NaN where no tree was that large
-    known = ~np.isnan(real).any(axis=1)
-    sizes, real = sizes[known], real[known]
     table: dict[int, np.ndarray] = {}  # T -> [L] unique experts
 
     def verify_ms(tokens: int, rows: int = 1) -> float:
         if tokens not in table:
-            table[tokens] = np.array([np.interp(tokens, sizes, real[:, layer]) for layer in range(real.shape[1])])
+            table[tokens] = curve.real_at(tokens)
         return cost.predict_ms(tokens, table[tokens], rows)
 
     return verify_ms
@@ -133,10 +129,7 @@ class _ProfiledController:
         overestimate the union); None for a dense target."""
         if not self.profile.cost_model.num_layers:
             return None
-        table = self.profile.expert_table
-        if self.profile.details.get("expert_predictor", {}).get("pricing") == "topk":
-            return table.predict_onehot_tokens(forest.tokens)
-        return table.predict_tokens(forest.tokens)
+        return self.profile.priced_experts(forest.tokens)
 
 
 class MoeAwareController(_ProfiledController):

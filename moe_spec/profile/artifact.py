@@ -2,8 +2,10 @@
 
 A profile is a JSON file plus a sidecar `.npz` with the large arrays (the token-id expert table,
 the expert load and co-activation). The JSON holds the schema version, the target's fingerprint
-(architecture, shapes, dtype, a hash of the weights), the hardware, the cost model, the
-acceptance calibration and the measurements' summaries; it names the sidecar and its sha256.
+(architecture, shapes, dtype, a hash of the weights), the hardware, and one typed section per
+thing a controller reads: the cost model, the acceptance calibration, the expert predictor (with
+its pricing form) and the unique-experts curve. `details` holds the measurements' summaries
+(reports, the latency grid, settings), which no policy reads. The JSON names the sidecar and its sha256.
 
 `Profile.load` raises `ProfileError` with a message naming the problem for a file that is
 missing, truncated, corrupt, of a newer schema, or made for another target; never a
@@ -12,6 +14,7 @@ missing, truncated, corrupt, of a newer schema, or made for another target; neve
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import io
 import json
@@ -19,6 +22,7 @@ import math
 import os
 import platform
 from dataclasses import dataclass, field
+from enum import Enum
 from pathlib import Path
 
 import numpy as np
@@ -29,10 +33,14 @@ from moe_spec.profile.cost_model import CostModel
 from moe_spec.errors import MoeSpecError
 from moe_spec.profile.calibration import AcceptanceCalibration
 from moe_spec.profile.expert_table import TokenExpertTable
+from moe_spec.profile.unique_curve import UniqueExpertsCurve
 from moe_spec.core.routing import find_routers
 from moe_spec.core.target import TargetModel
 
-SCHEMA_VERSION = 2  # 2: the cost model's per_row_ms (version-1 files are read with per_row_ms = 0)
+# 2: the cost model's per_row_ms (version-1 files are read with per_row_ms = 0);
+# 3: the expert pricing form and the unique-experts curve are typed sections (read from details before)
+SCHEMA_VERSION = 3
+_TABLE_KIND = "token_id_table"
 _HASH_ELEMENTS = 4096  # elements sampled per tensor for the weights hash
 
 
@@ -105,6 +113,16 @@ def _cpu_model() -> str:
     return platform.processor() or "unknown"
 
 
+class ExpertPricing(str, Enum):
+    """The form in which the expert table's predictions are fed to the cost model: each node's K most
+    likely experts as 0/1 sets, or the probabilities themselves (the profiler keeps whichever
+    predicted held-out trees' unique-expert counts better; probabilities over many nodes add up to
+    an overestimate of the union)."""
+
+    TOPK = "topk"
+    PROBABILITIES = "probabilities"
+
+
 @dataclass(frozen=True)
 class Profile:
     fingerprint: dict
@@ -112,9 +130,17 @@ class Profile:
     cost_model: CostModel
     calibration: AcceptanceCalibration | None  # None when the drafter proposed nothing to calibrate on
     expert_table: TokenExpertTable | None  # None for a dense target
-    details: dict = field(default_factory=dict)  # JSON summaries: routing, latency grid, errors, settings
+    expert_pricing: ExpertPricing | None = None  # how `expert_table` is priced; None exactly when there is no table
+    unique_experts_curve: UniqueExpertsCurve | None = None  # None for a dense target
+    details: dict = field(default_factory=dict)  # JSON summaries no policy reads: reports, latency grid, settings
     arrays: dict[str, np.ndarray] = field(default_factory=dict)  # sidecar extras, e.g. routing_load [L, E]
     schema_version: int = SCHEMA_VERSION
+
+    def __post_init__(self):
+        if (self.expert_table is None) != (self.expert_pricing is None):
+            raise ValueError("a profile prices experts (expert_pricing) exactly when it has an expert table")
+        if self.expert_pricing is not None:
+            object.__setattr__(self, "expert_pricing", ExpertPricing(self.expert_pricing))
 
     def calibrated_path_probability(self, tree) -> torch.Tensor:
         """[N] P(node on the accepted path), from the calibration (see `AcceptanceCalibration`)."""
@@ -122,20 +148,19 @@ class Profile:
             raise ProfileError("this profile has no acceptance calibration (the drafter proposed no nodes)")
         return self.calibration.path_probability(tree)
 
-    def predicted_experts(self, tree) -> torch.Tensor:
-        """[L, N, E] probability that node n activates expert e in MoE layer l."""
+    def priced_experts(self, tokens: torch.Tensor) -> torch.Tensor:
+        """tokens: [N] long -> [L, N, E] the predicted routing of those tokens in the `expert_pricing` form."""
         if self.expert_table is None:
             raise ProfileError("this profile has no expert predictor (dense target)")
-        return self.expert_table.predict(tree)
+        if self.expert_pricing is ExpertPricing.TOPK:
+            return self.expert_table.predict_onehot_tokens(tokens)
+        return self.expert_table.predict_tokens(tokens)
 
     def predict_verify_ms(self, tree) -> float:
-        """Verify time of `tree` in ms, with its experts predicted from the token ids (as top-K sets
-        or as probabilities, whichever predicted unique-expert counts better on held-out trees)."""
+        """Verify time of `tree` in ms, with its experts predicted from the token ids (`priced_experts`)."""
         if self.expert_table is None:
             return self.cost_model.predict_ms(len(tree), [])
-        if self.details.get("expert_predictor", {}).get("pricing") == "topk":
-            return self.cost_model.predict(tree, self.expert_table.predict_onehot(tree))
-        return self.cost_model.predict(tree, self.expert_table.predict(tree))
+        return self.cost_model.predict(tree, self.priced_experts(tree.tokens))
 
     def save(self, path: str | Path) -> Path:
         """Write `path` (JSON) and its sidecar `path` with suffix `.npz`; returns the sidecar path."""
@@ -156,10 +181,12 @@ class Profile:
             "cost_model": self.cost_model.to_dict(),
             "calibration": self.calibration.to_dict() if self.calibration is not None else None,
             "expert_predictor": (
-                {"pseudo_count": self.expert_table.pseudo_count, "arrays": sorted(self.expert_table.arrays())}
+                {"kind": _TABLE_KIND, "pricing": self.expert_pricing.value, "pseudo_count": self.expert_table.pseudo_count,
+                 "arrays": sorted(self.expert_table.arrays())}
                 if self.expert_table is not None
                 else None
             ),
+            "unique_experts_curve": self.unique_experts_curve.to_dict() if self.unique_experts_curve is not None else None,
             "details": self.details,
             "arrays": {"file": sidecar.name, "sha256": hashlib.sha256(buffer.getvalue()).hexdigest()},
         }
@@ -190,7 +217,7 @@ class Profile:
                 "upgrade moe_spec or profile the target again"
             )
         try:
-            profile = _from_document(document, path)
+            profile = _from_document(_migrated(document), path)
         except ProfileError:
             raise
         except (KeyError, TypeError, ValueError, IndexError, AttributeError) as error:
@@ -213,36 +240,72 @@ class Profile:
             )
 
 
+def _migrated(document: dict) -> dict:
+    """A schema-1 or -2 document in schema 3's layout: the pricing form and the unique-experts curve
+    move from `details` to their own sections (version 1's missing per_row_ms is `CostModel`'s 0)."""
+    if document["schema_version"] >= 3:
+        return document
+    document = copy.deepcopy(document)
+    details = document.get("details")
+    if not isinstance(details, dict):
+        return document
+    report = details.get("expert_predictor") or {}
+    if document.get("expert_predictor"):
+        # version 2 priced probabilities unless the report said "topk"
+        pricing = report.get("pricing")
+        document["expert_predictor"].update(kind=report.get("kind", _TABLE_KIND),
+                                            pricing=pricing if pricing == "topk" else "probabilities")
+    for key in ("kind", "pricing"):
+        report.pop(key, None)
+    document["unique_experts_curve"] = (details.get("routing") or {}).pop("unique_experts_curve", None)
+    return document
+
+
 def _from_document(document: dict, path: Path) -> Profile:
     for key in ("fingerprint", "hardware", "cost_model", "arrays"):
         if not isinstance(document.get(key), dict):
             raise ProfileError(f"profile {path} has no {key!r} section")
     fp = document["fingerprint"]
-    arrays_meta = document["arrays"]
-    sidecar = path.parent / str(arrays_meta["file"])
-    try:
-        blob = sidecar.read_bytes()
-    except OSError as error:
-        raise ProfileError(f"profile {path} refers to arrays in {sidecar}, which cannot be read: {error}") from error
-    if hashlib.sha256(blob).hexdigest() != arrays_meta.get("sha256"):
-        raise ProfileError(f"{sidecar} does not match the checksum recorded in {path} (corrupt, or from another profile)")
-    with np.load(io.BytesIO(blob), allow_pickle=False) as npz:
-        arrays = {name: npz[name] for name in npz.files}
+    num_layers = len(fp["moe_layers"])
+    arrays = _read_sidecar(document["arrays"], path)
     cost_model = CostModel.from_dict(document["cost_model"])
-    if cost_model.num_layers != len(fp["moe_layers"]):
-        raise ProfileError(f"profile {path}: cost model has {cost_model.num_layers} layers, target {len(fp['moe_layers'])}")
+    if cost_model.num_layers != num_layers:
+        raise ProfileError(f"profile {path}: cost model has {cost_model.num_layers} layers, target {num_layers}")
     calibration = AcceptanceCalibration.from_dict(document["calibration"]) if document.get("calibration") else None
-    predictor = document.get("expert_predictor")
-    table = None
-    if predictor:
-        table = TokenExpertTable.from_arrays(arrays, int(fp["vocab_size"]), int(fp["top_k"]), float(predictor["pseudo_count"]))
-        if table.prior.shape != (len(fp["moe_layers"]), int(fp["num_experts"])):
-            raise ProfileError(f"profile {path}: expert table has shape {table.prior.shape}, fingerprint disagrees")
+    table, pricing = _expert_predictor(document.get("expert_predictor"), arrays, fp, path)
+    curve = UniqueExpertsCurve.from_dict(document["unique_experts_curve"]) if document.get("unique_experts_curve") else None
+    if curve is not None and curve.num_layers != num_layers:
+        raise ProfileError(f"profile {path}: unique-experts curve has {curve.num_layers} layers, target {num_layers}")
     extras = {k: v for k, v in arrays.items() if not k.startswith("predictor_")}
     details = document.get("details") or {}
     if not isinstance(details, dict):
         raise ProfileError(f"profile {path}: 'details' is not an object")
-    return Profile(fp, document["hardware"], cost_model, calibration, table, details, extras, int(document["schema_version"]))
+    return Profile(fp, document["hardware"], cost_model, calibration, table, pricing, curve, details, extras,
+                   int(document["schema_version"]))
+
+
+def _read_sidecar(meta: dict, path: Path) -> dict[str, np.ndarray]:
+    sidecar = path.parent / str(meta["file"])
+    try:
+        blob = sidecar.read_bytes()
+    except OSError as error:
+        raise ProfileError(f"profile {path} refers to arrays in {sidecar}, which cannot be read: {error}") from error
+    if hashlib.sha256(blob).hexdigest() != meta.get("sha256"):
+        raise ProfileError(f"{sidecar} does not match the checksum recorded in {path} (corrupt, or from another profile)")
+    with np.load(io.BytesIO(blob), allow_pickle=False) as npz:
+        return {name: npz[name] for name in npz.files}
+
+
+def _expert_predictor(section: dict | None, arrays: dict, fp: dict, path: Path):
+    """(table, pricing) from the `expert_predictor` section, or (None, None) when there is none."""
+    if not section:
+        return None, None
+    if section.get("kind") != _TABLE_KIND:
+        raise ProfileError(f"profile {path}: unknown expert predictor kind {section.get('kind')!r}")
+    table = TokenExpertTable.from_arrays(arrays, int(fp["vocab_size"]), int(fp["top_k"]), float(section["pseudo_count"]))
+    if table.prior.shape != (len(fp["moe_layers"]), int(fp["num_experts"])):
+        raise ProfileError(f"profile {path}: expert table has shape {table.prior.shape}, fingerprint disagrees")
+    return table, ExpertPricing(section["pricing"])
 
 
 def _finite(value):

@@ -5,7 +5,8 @@ nodes were accepted), so a controller pricing nodes by them stops far too early.
 depth bucket, a monotone (isotonic, pool-adjacent-violators) map from
 
 - the node's *conditional* draft probability q = exp(score - parent score) to the rate at which
-  its token equals the target's argmax at its parent ("conditionally accepted", see `trace.py`),
+  its token equals the target's argmax at its parent ("conditionally accepted", see
+  `moe_spec.core.step_record`),
   over the nodes whose parent was reached (lay on the accepted path);
 - the node's *cumulative* draft probability exp(score) to the rate at which it lies on the
   accepted path (a direct estimate, kept to check the product below against).
@@ -25,7 +26,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from moe_spec.measure.trace import TracedStep
+from moe_spec.core.step_record import StepRecord
 from moe_spec.core.tree import DraftTree
 
 
@@ -99,23 +100,30 @@ class NodeSamples:
     group: np.ndarray  # int: prompt index, the unit of cross-fitting folds
 
     @staticmethod
-    def from_steps(steps: Sequence[TracedStep]) -> "NodeSamples":
+    def from_steps(steps: Sequence[StepRecord], groups: Sequence[int] | None = None) -> "NodeSamples":
+        """The verified nodes of one-row step records (`StepRecord.row`); `groups[i]` is step i's
+        cross-fitting unit (the prompt it decoded), each step its own by default."""
+        groups = range(len(steps)) if groups is None else groups
+        if len(groups) != len(steps):
+            raise ValueError(f"{len(groups)} groups for {len(steps)} steps")
         parts = []
-        for index, step in enumerate(steps):
-            tree = step.tree
+        for index, (step, group) in enumerate(zip(steps, groups)):
+            if step.batch != 1:
+                raise ValueError(f"calibration samples come from one-row records, got a batch of {step.batch}")
+            tree, on_path = step.tree(), step.on_path()
             scores = tree.scores.double()
-            parent_scores = scores[tree.parents.clamp(min=0)]
+            parents = tree.parents.clamp(min=0)
             drafted = slice(1, len(tree))
             parts.append(
                 (
-                    torch.exp(scores - parent_scores)[drafted].numpy(),
+                    torch.exp(scores - scores[parents])[drafted].numpy(),
                     torch.exp(scores)[drafted].numpy(),
                     tree.depths[drafted].numpy(),
-                    step.conditional_accepted[drafted].numpy(),
-                    step.on_path[tree.parents.clamp(min=0)][drafted].numpy(),
-                    step.on_path[drafted].numpy(),
+                    step.conditional_accepted()[drafted].numpy(),
+                    on_path[parents][drafted].numpy(),
+                    on_path[drafted].numpy(),
                     np.full(len(tree) - 1, index),
-                    np.full(len(tree) - 1, step.prompt_index),
+                    np.full(len(tree) - 1, group),
                 )
             )
         if not parts:
@@ -257,10 +265,15 @@ class CalibrationReport:
 
 
 def cross_fitted_report(
-    steps: Sequence[TracedStep], folds: int = 5, max_depth_bucket: int = 4, min_bucket_samples: int = 50
+    steps: Sequence[StepRecord],
+    groups: Sequence[int] | None = None,
+    folds: int = 5,
+    max_depth_bucket: int = 4,
+    min_bucket_samples: int = 50,
 ) -> CalibrationReport:
-    """Reliability of the calibration, each fold predicted by maps fitted on the others."""
-    samples = NodeSamples.from_steps(steps)
+    """Reliability of the calibration, each fold predicted by maps fitted on the others; `steps`
+    and `groups` as in `NodeSamples.from_steps`."""
+    samples = NodeSamples.from_steps(steps, groups)
     groups = np.unique(samples.group)
     # fold by prompt when there are enough prompts (steps of one prompt are correlated), else by step
     unit = samples.group if len(groups) >= folds else samples.step
@@ -277,7 +290,7 @@ def cross_fitted_report(
         conditional[test] = calibration.conditional_probability_of(samples.conditional_q[test], samples.depth[test])
         direct[test] = calibration.direct_path_probability_of(samples.cumulative_q[test], samples.depth[test])
         for index in np.unique(samples.step[test]):
-            probs = calibration.path_probability(steps[index].tree)[1:].numpy()
+            probs = calibration.path_probability(steps[index].tree())[1:].numpy()
             path_product[samples.step == index] = probs
     valid = ~np.isnan(conditional)
     s = samples.subset(valid)

@@ -15,9 +15,9 @@ The row term counts rows after the first so that base_ms keeps meaning "one row'
 profile without batched passes (or written before the term existed) has per_row_ms = 0 and
 predicts single-row passes exactly as before.
 
-The coefficients are measured (`fit`, from the profiler's latency grid). An analytic
-constructor from model shapes and device bandwidth (bytes moved per expert / bytes per ms)
-belongs beside `fit` as another classmethod returning the same dataclass; it is not built yet.
+The coefficients are measured (`fit`, from the profiler's latency grid), or derived from model
+shapes and a device's bandwidth and FLOP rate by `moe_spec.experiments.analytic_cost.analytic_cost_model`
+(bytes moved per expert / bytes per ms), which returns the same dataclass.
 """
 
 from __future__ import annotations

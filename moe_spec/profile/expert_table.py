@@ -17,10 +17,9 @@ from typing import Protocol
 import numpy as np
 import torch
 
-from moe_spec.profile.cost_model import expected_unique_experts
-from moe_spec.measure.routing_stats import RoutingStats
-from moe_spec.measure.trace import TracedStep
+from moe_spec.core.step_record import StepRecord
 from moe_spec.core.tree import DraftTree
+from moe_spec.profile.cost_model import expected_unique_experts
 
 
 class ExpertPredictor(Protocol):
@@ -57,11 +56,19 @@ class TokenExpertTable:
         self._onehot = torch.zeros_like(self._table).scatter_(2, top, 1.0)
 
     @staticmethod
-    def from_stats(stats: RoutingStats, pseudo_count: float = 1.0) -> "TokenExpertTable":
-        seen = np.nonzero(stats.token_totals)[0]
-        prior = stats.load / max(stats.num_tokens, 1)  # [L, E], rows sum to K
-        counts = np.minimum(stats.token_counts[seen], np.iinfo(np.uint16).max).astype(np.uint16)
-        return TokenExpertTable(seen, stats.token_totals[seen], counts, prior, stats.vocab_size, stats.top_k, pseudo_count)
+    def from_counts(
+        token_totals: np.ndarray,  # [V] int: routings seen of each token id
+        token_counts: np.ndarray,  # [V, L, E] int: how often token id v was routed to expert e in layer l
+        load: np.ndarray,  # [L, E] int: tokens routed to each expert
+        top_k: int,
+        pseudo_count: float = 1.0,
+    ) -> "TokenExpertTable":
+        """The table of routing counts over a vocabulary (`moe_spec.measure.routing_stats.RoutingStats`)."""
+        token_totals = np.asarray(token_totals)
+        seen = np.nonzero(token_totals)[0]
+        prior = np.asarray(load) / max(int(token_totals.sum()), 1)  # [L, E], rows sum to K
+        counts = np.minimum(np.asarray(token_counts)[seen], np.iinfo(np.uint16).max).astype(np.uint16)
+        return TokenExpertTable(seen, token_totals[seen], counts, prior, len(token_totals), top_k, pseudo_count)
 
     @property
     def num_layers(self) -> int:
@@ -128,8 +135,9 @@ class PredictorReport:
         return {k: (list(v) if isinstance(v, tuple) else v) for k, v in self.__dict__.items()}
 
 
-def evaluate_predictor(table: TokenExpertTable, steps: Sequence[TracedStep]) -> PredictorReport:
-    """Recall and precision of the table's predictions against routing recorded on `steps`' trees.
+def evaluate_predictor(table: TokenExpertTable, steps: Sequence[StepRecord]) -> PredictorReport:
+    """Recall and precision of the table's predictions against routing recorded on `steps`' verified
+    trees (one-row records, `StepRecord.row`).
 
     With K predicted experts per node and K actual ones, a node's precision equals its recall.
     """
@@ -140,9 +148,9 @@ def evaluate_predictor(table: TokenExpertTable, steps: Sequence[TracedStep]) -> 
     nodes = nodes_seen = nodes_unseen = 0
     union_recall, union_precision, unique_error, unique_error_topk = [], [], [], []
     for step in steps:
-        tokens = step.tree.tokens
+        tokens = step.tree().tokens
         predicted = table.predict_sets(tokens)  # [L, N, K]
-        actual = step.experts  # [L, N, K]
+        actual = step.experts()  # [L, N, K]
         pred_onehot = torch.zeros(num_layers, len(tokens), num_experts, dtype=torch.bool).scatter_(2, predicted, True)
         act_onehot = torch.zeros_like(pred_onehot).scatter_(2, actual, True)
         overlap = (pred_onehot & act_onehot).sum(-1).double() / top_k  # [L, N]

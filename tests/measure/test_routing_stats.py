@@ -2,15 +2,17 @@ import numpy as np
 import pytest
 import torch
 
-from moe_spec.profile.expert_table import TokenExpertTable, evaluate_predictor
+from moe_spec.profile.expert_table import evaluate_predictor
 from moe_spec.measure.forced_routing import ForcedRouting, feasible, forced_assignment
-from moe_spec.measure.routing_stats import RoutingStats, unique_experts_curve, unique_per_layer
-from moe_spec.measure.trace import TracedStep, best_first_order, trace_prompt
+from moe_spec.measure.routing_stats import RoutingStats, best_first_order, unique_experts_curve, unique_per_layer
+from moe_spec.core.acceptance import Acceptance
+from moe_spec.core.forest import StepForest
+from moe_spec.core.routing import Routing
+from moe_spec.core.step_record import StepRecord
 from moe_spec.core.routing import RoutingRecorder, find_routers
 from moe_spec.core.target import TargetModel
 from moe_spec.testing.tiny_models import tiny_model
 from moe_spec.core.tree import DraftTree, ancestor_mask
-from moe_spec.drafters.lookup import LookupDrafter
 
 
 @pytest.fixture(scope="module")
@@ -58,13 +60,20 @@ def test_stats_on_a_tiny_model_match_a_loop_over_recorded_routing(model):
 
 def _step(tokens, parents, scores, experts):
     tree = DraftTree.from_lists(tokens, parents, scores)
-    return TracedStep(0, 0, tree, torch.tensor(experts), torch.zeros(len(tokens), dtype=torch.long), (0,), 1.0, 0.1)
+    return _record(tree, torch.tensor(experts), torch.zeros(len(tokens), dtype=torch.long), [0])
+
+
+def _record(tree: DraftTree, experts: torch.Tensor, argmax: torch.Tensor, path: list[int], num_experts: int = 8) -> StepRecord:
+    """A one-row step record verifying `tree` in full; experts: [L, N, K], argmax: [N]."""
+    routing = Routing(tuple(range(experts.shape[0])), num_experts if experts.shape[0] else 0, experts)
+    acceptance = Acceptance(list(path), int(argmax[path[-1]]))
+    return StepRecord((0,), (0,), (tree,), StepForest((tree,)), (acceptance,), argmax[None], routing, 1.0, 0.1)
 
 
 def test_unique_curve_uses_best_first_prefixes():
     # scores put node 2 before node 1; layer 0 experts per node: {0,1}, {2,3}, {0,4}
     step = _step([1, 2, 3], [-1, 0, 0], [0.0, -2.0, -1.0], [[[0, 1], [2, 3], [0, 4]]])
-    assert best_first_order(step.tree) == [0, 2, 1]
+    assert best_first_order(step.tree()) == [0, 2, 1]
     pool = torch.tensor([[[0, 1], [0, 1], [0, 1]]])  # every random token uses experts {0, 1}
     curve = unique_experts_curve([step], pool, (1, 2, 3, 4), torch.Generator().manual_seed(0), random_draws=4)
     assert curve.real[:3, 0].tolist() == [2.0, 3.0, 5.0]
@@ -107,7 +116,7 @@ def test_forced_routing_is_seen_by_the_recorder_and_always_removed(model):
 def test_token_table_predicts_seen_tokens_and_falls_back_to_the_prior():
     stats = RoutingStats(vocab_size=10, num_layers=1, num_experts=4, top_k=2)
     stats.add(torch.tensor([3, 3, 3, 5]), torch.tensor([[[0, 1], [0, 1], [0, 1], [2, 3]]]))
-    table = TokenExpertTable.from_stats(stats, pseudo_count=1.0)
+    table = stats.expert_table(pseudo_count=1.0)
     probs = table.predict_tokens(torch.tensor([3, 7]))  # [L, N, E]
     prior = np.array([3, 3, 1, 1]) / 4
     assert probs[0, 0].tolist() == pytest.approx(((np.array([3, 3, 0, 0]) + prior) / 4).tolist())
@@ -118,19 +127,3 @@ def test_token_table_predicts_seen_tokens_and_falls_back_to_the_prior():
     report = evaluate_predictor(table, [step])
     assert report.node_recall == (1.0,) and report.union_recall == (1.0,) and report.union_precision == (1.0,)
     assert report.node_recall_seen == 1.0 and report.chance_recall == 0.5
-
-
-def test_trace_labels_match_the_accepted_path(model):
-    target = TargetModel(model)
-    prompt = torch.tensor([5, 6, 7, 8, 5, 6, 7, 8, 5, 6, 7])
-    trace = trace_prompt(target, LookupDrafter(), prompt, max_new_tokens=12)
-    assert trace.tokens.numel() == prompt.numel() + sum(len(s.path) for s in trace.steps)
-    assert trace.experts.shape[1] == trace.tokens.numel()
-    for step in trace.steps:
-        on_path, conditional = step.on_path, step.conditional_accepted
-        for node in range(1, len(step.tree)):
-            ancestors = [node]
-            while int(step.tree.parents[ancestors[-1]]) > 0:
-                ancestors.append(int(step.tree.parents[ancestors[-1]]))
-            assert bool(on_path[node]) == all(bool(conditional[a]) for a in ancestors)
-        assert step.experts.shape[1] == len(step.tree)

@@ -10,7 +10,10 @@ from moe_spec.profile.calibration import (
     expected_calibration_error,
     isotonic_regression,
 )
-from moe_spec.measure.trace import TracedStep
+from moe_spec.core.acceptance import Acceptance
+from moe_spec.core.forest import StepForest
+from moe_spec.core.routing import Routing
+from moe_spec.core.step_record import StepRecord
 from moe_spec.core.tree import DraftTree
 
 
@@ -55,7 +58,14 @@ def test_ece_by_hand():
     assert expected_calibration_error(predicted, observed) == pytest.approx(0.025 + 0.225)
 
 
-def _synthetic_steps(n_steps: int, seed: int) -> list[TracedStep]:
+def _record(tree: DraftTree, experts: torch.Tensor, argmax: torch.Tensor, path: list[int], num_experts: int = 8) -> StepRecord:
+    """A one-row step record verifying `tree` in full; experts: [L, N, K], argmax: [N]."""
+    routing = Routing(tuple(range(experts.shape[0])), num_experts if experts.shape[0] else 0, experts)
+    acceptance = Acceptance(list(path), int(argmax[path[-1]]))
+    return StepRecord((0,), (0,), (tree,), StepForest((tree,)), (acceptance,), argmax[None], routing, 1.0, 0.1)
+
+
+def _synthetic_steps(n_steps: int, seed: int) -> tuple[list[StepRecord], list[int]]:
     """Chains of depth 3 with conditional draft probability q; the target accepts with rate q**2."""
     rng = np.random.default_rng(seed)
     steps = []
@@ -70,25 +80,25 @@ def _synthetic_steps(n_steps: int, seed: int) -> list[TracedStep]:
             if not accepted[node - 1]:
                 break
             path.append(node)
-        steps.append(TracedStep(index % 7, 0, tree, torch.zeros(0, 4, 0, dtype=torch.long), argmax, tuple(path), 1.0, 0.1))
-    return steps
+        steps.append(_record(tree, torch.zeros(0, 4, 0, dtype=torch.long), argmax, path))
+    return steps, [index % 7 for index in range(n_steps)]  # the steps and the prompt each came from
 
 
 def test_calibration_learns_the_acceptance_curve_and_beats_raw_probabilities():
-    steps = _synthetic_steps(3000, seed=0)
-    calibration = AcceptanceCalibration.fit(NodeSamples.from_steps(steps))
+    steps, groups = _synthetic_steps(3000, seed=0)
+    calibration = AcceptanceCalibration.fit(NodeSamples.from_steps(steps, groups))
     q = np.array([0.2, 0.5, 0.9])
     for depth in (1, 2, 3):
         predicted = calibration.conditional_probability_of(q, np.full(3, depth))
         assert predicted == pytest.approx(q**2, abs=0.08)
-    report = cross_fitted_report(steps)
+    report = cross_fitted_report(steps, groups)
     assert report.calibrated_conditional_ece < 0.05 < report.raw_conditional_ece
     assert report.calibrated_path_ece < report.raw_path_ece
     assert report.calibrated_sum_per_step == pytest.approx(report.accepted_per_step, rel=0.1)
 
 
 def test_path_probability_is_the_product_along_the_path():
-    steps = _synthetic_steps(500, seed=1)
+    steps, _ = _synthetic_steps(500, seed=1)
     calibration = AcceptanceCalibration.fit(NodeSamples.from_steps(steps), min_bucket_samples=10)
     tree = DraftTree.from_lists([1, 2, 3, 4], [-1, 0, 1, 0], np.log([1.0, 0.8, 0.4, 0.1]).tolist())
     conditional = calibration.conditional_probability(tree)
@@ -103,3 +113,19 @@ def test_path_probability_is_the_product_along_the_path():
 def test_fit_needs_nodes():
     with pytest.raises(ValueError, match="no drafted nodes"):
         AcceptanceCalibration.fit(NodeSamples.from_steps([]))
+
+
+def test_samples_label_the_records_nodes_and_reject_batched_records():
+    tree = DraftTree.from_lists([10, 11, 12, 13], [-1, 0, 1, 0], np.log([1.0, 0.5, 0.25, 0.4]).tolist())
+    argmax = torch.tensor([11, 0, 0, 0])  # the target takes node 1 at the root, then nothing
+    samples = NodeSamples.from_steps([_record(tree, torch.zeros(0, 4, 0, dtype=torch.long), argmax, [0, 1])], [3])
+    assert samples.on_path.tolist() == [True, False, False]
+    assert samples.conditional_accepted.tolist() == [True, False, False]
+    assert samples.parent_reached.tolist() == [True, True, True]
+    assert samples.conditional_q.tolist() == pytest.approx([0.5, 0.5, 0.4])
+    assert samples.group.tolist() == [3, 3, 3]
+    one = _record(tree, torch.zeros(0, 4, 0, dtype=torch.long), argmax, [0, 1])
+    two = StepRecord((0, 1), (0, 0), (tree, tree), StepForest((tree, tree)), one.acceptances * 2,
+                     torch.stack([argmax, argmax]), one.routing, 1.0, 0.1)
+    with pytest.raises(ValueError, match="one-row"):
+        NodeSamples.from_steps([two])
