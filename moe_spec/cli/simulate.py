@@ -98,7 +98,7 @@ def run(args: argparse.Namespace) -> dict:
         "trace": str(args.trace),
         "trace_method": trace.header.get("method"),
         "steps": len(trace.steps),
-        "prompts": len({s.prompt_index for s in trace.steps}),
+        "prompts": len({s.rows[0] for s in trace.steps}),
         "recorded": {"eagle2": recorded, "note": "measured on the tracing machine, for comparison (not simulated)"},
         "results": results,
     }
@@ -149,7 +149,7 @@ def _analytic(name: str, trace: Trace, profile, args: argparse.Namespace) -> tup
     shapes = ModelShapes.from_config(AutoConfig.from_pretrained(model_folder(folder)), profile.cost_model.num_layers)
     context = args.context_tokens
     if context is None:
-        context = round(sum(s.prefix_len for s in trace.steps) / len(trace.steps))
+        context = round(sum(s.prefix_lens[0] for s in trace.steps) / len(trace.steps))
     return analytic_cost_model(shapes, device, context), analytic_terms(shapes, device, context)
 
 

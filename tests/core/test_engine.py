@@ -62,7 +62,7 @@ def test_each_step_is_one_plan_and_one_observe_of_what_was_verified():
     assert controller.calls == ["begin"] + ["plan", "observe"] * steps
     assert len(recorder.steps) == steps
     for planned, record, stats in zip(controller.plans, recorder.steps, result.stats.steps):
-        assert record.verified == planned, "the record holds the plan's trees"
+        assert record.verified is planned, "the record holds the plan's trees"
         assert record.tokens_produced == stats.accepted_length
         assert record.verified.num_drafted == stats.tree_size <= 3
         assert record.verified.pass_tokens == stats.verified_tokens

@@ -64,11 +64,11 @@ def test_the_trace_holds_a_header_and_every_verified_nodes_argmax_and_routing(tr
     assert header["reproduces_bench_run"] is True
     assert header["target"]["model_type"] == "qwen3_moe" and (folder / header["profile"]).is_file()
     assert bench["config"]["trace"]["steps"] == len(trace.steps) == bench["methods"]["eagle2"]["steps"]
-    assert {s.prompt_index for s in trace.steps} == {0, 1, 2}
+    assert {s.rows[0] for s in trace.steps} == {0, 1, 2} == set(trace.classes)
     for step in trace.steps:
-        n = len(step.tree)
-        assert step.argmax.shape == (n,) and step.experts.shape == (2, n, 2)
-        assert step.candidate_nodes == n, "eagle2 verifies its whole candidate tree"
+        n = len(step.tree())
+        assert step.node_argmax().shape == (n,) and step.experts().shape == (2, n, 2)
+        assert torch.equal(step.candidates[0].tokens, step.tree().tokens), "eagle2 verifies its whole candidate tree"
     check_greedy_trace(trace)
 
 
@@ -93,13 +93,13 @@ def test_replay_reproduces_the_bench_eagle2_figures(traced):
     figures, measured = replay.figures, bench["methods"]["eagle2"]
     assert figures["mean_accept_len"] == measured["mean_accept_len"]
     assert figures["steps"] == measured["steps"]
-    predicted = sum(profile.cost_model.predict_ms(len(s.tree), unique_experts(s, range(len(s.tree)))) + s.draft_ms
+    predicted = sum(profile.cost_model.predict_ms(len(s.tree()), unique_experts(s, range(len(s.tree())))) + s.draft_ms
                     for s in trace.steps)
     assert figures["tokens_per_s"] == pytest.approx(1000.0 * figures["tokens"] / predicted, rel=1e-3)
 
     recorded = summarise([recorded_step(s) for s in trace.steps])
     assert recorded["tokens"] == figures["tokens"]
-    samples = [CostSample(len(s.tree), unique_experts(s, range(len(s.tree))), s.verify_ms) for s in trace.steps]
+    samples = [CostSample(len(s.tree()), unique_experts(s, range(len(s.tree()))), s.verify_ms) for s in trace.steps]
     fitted = CostModel.fit(samples, relative=False)
     on_this_run = simulate(trace, profile, fitted, ["ar", "eagle2"])["eagle2"].figures
     assert on_this_run["mean_accept_len"] == measured["mean_accept_len"]
@@ -116,7 +116,7 @@ def test_every_policy_verifies_a_connected_subtree_with_the_root(traced):
         for step, replayed in zip(trace.steps, replay.steps):
             keep = set(replayed.keep)
             assert 0 in keep, name
-            assert all(int(step.tree.parents[node]) in keep for node in keep if node), name
+            assert all(int(step.tree().parents[node]) in keep for node in keep if node), name
             assert 1 <= replayed.tokens <= len(replayed.keep), name
     assert all(len(r.keep) <= 5 for r in replays["static:4"].steps)
     assert replays["static-best"].figures["budget"].startswith("static:")
