@@ -20,7 +20,8 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from moe_spec.core.drafting import TreeBudget
+from moe_spec.cli.defaults import field_defaults
+from moe_spec.core.drafting import EAGLE2_BUDGET, TreeBudget
 from moe_spec.errors import InputError
 from moe_spec.loading import load_drafter, load_target, load_tokenizer, model_folder
 from moe_spec.experiments.prompt_file import load_prompts
@@ -29,6 +30,8 @@ from moe_spec.measure.latency import TimingConfig
 from moe_spec.measure.profiler import ProfileSettings, build_profile
 from moe_spec.core.target import TargetModel
 
+SETTINGS = field_defaults(ProfileSettings)
+TIMING = field_defaults(TimingConfig)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -43,25 +46,27 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's setting)")
     parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"))
     parser.add_argument("--experts-implementation", default="grouped_mm")
-    parser.add_argument("--evict-mb", type=int, default=512, help="buffer written before each timed run (0: warm caches)")
+    parser.add_argument("--evict-mb", type=int, default=TIMING["evict_mb"],
+                        help="buffer written before each timed run (0: warm caches)")
     parser.add_argument(
-        "--statistic", default="min", choices=("min", "median"),
+        "--statistic", default=TIMING["statistic"], choices=("min", "median"),
         help="of the timed repeats (both are stored); 'min' resists load from other jobs on a shared machine",
     )
     parser.add_argument("--per-layer-cost", action="store_true", help="fit one expert cost per MoE layer")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=int, default=SETTINGS["seed"])
     # short settings for tests and quick looks
-    parser.add_argument("--max-new-tokens", type=int, default=48, help=argparse.SUPPRESS)
-    parser.add_argument("--max-prompts", type=int, default=None, help=argparse.SUPPRESS)
-    parser.add_argument("--repeats", type=int, default=5, help=argparse.SUPPRESS)
-    parser.add_argument("--warmup", type=int, default=1, help=argparse.SUPPRESS)
-    parser.add_argument("--grid-tokens", type=_int_list, default=None, help=argparse.SUPPRESS)
-    parser.add_argument("--grid-experts", type=_int_list, default=None, help=argparse.SUPPRESS)
-    parser.add_argument("--natural-trees", type=int, default=40, help=argparse.SUPPRESS)
-    parser.add_argument("--batch-sizes", type=_int_list, default=None, help=argparse.SUPPRESS)
-    parser.add_argument("--prefix-len", type=int, default=128, help=argparse.SUPPRESS)
-    parser.add_argument("--tree-nodes", type=int, default=None, help=argparse.SUPPRESS)
-    parser.add_argument("--tree-depth", type=int, default=None, help=argparse.SUPPRESS)
+    hidden = argparse.SUPPRESS
+    parser.add_argument("--max-new-tokens", type=int, default=SETTINGS["max_new_tokens"], help=hidden)
+    parser.add_argument("--max-prompts", type=int, default=None, help=hidden)
+    parser.add_argument("--repeats", type=int, default=TIMING["repeats"], help=hidden)
+    parser.add_argument("--warmup", type=int, default=TIMING["warmup"], help=hidden)
+    parser.add_argument("--grid-tokens", type=_int_list, default=SETTINGS["grid_tokens"], help=hidden)
+    parser.add_argument("--grid-experts", type=_int_list, default=SETTINGS["grid_experts"], help=hidden)
+    parser.add_argument("--natural-trees", type=int, default=SETTINGS["natural_trees"], help=hidden)
+    parser.add_argument("--batch-sizes", type=_int_list, default=SETTINGS["batch_sizes"], help=hidden)
+    parser.add_argument("--prefix-len", type=int, default=SETTINGS["prefix_len"], help=hidden)
+    parser.add_argument("--tree-nodes", type=int, default=None, help=hidden)
+    parser.add_argument("--tree-depth", type=int, default=None, help=hidden)
 
 
 def _int_list(text: str) -> tuple[int, ...]:
@@ -86,19 +91,18 @@ def run(args: argparse.Namespace) -> dict:
     prompts = read_prompts(args.prompts, tokenizer, target.vocab_size)
     if args.max_prompts is not None:
         prompts = prompts[: args.max_prompts]
-    defaults = ProfileSettings()
     budget = None
     if args.tree_nodes is not None or args.tree_depth is not None:
-        base = drafter.default_budget if drafter is not None else TreeBudget()
+        base = drafter.default_budget if drafter is not None else EAGLE2_BUDGET
         budget = TreeBudget(args.tree_nodes or base.max_nodes, args.tree_depth or base.max_depth, base.branching)
     settings = ProfileSettings(
         max_new_tokens=args.max_new_tokens,
         candidate_budget=budget,
         prefix_len=args.prefix_len,
-        grid_tokens=args.grid_tokens or defaults.grid_tokens,
-        grid_experts=args.grid_experts or defaults.grid_experts,
+        grid_tokens=args.grid_tokens,
+        grid_experts=args.grid_experts,
         natural_trees=args.natural_trees,
-        batch_sizes=args.batch_sizes or defaults.batch_sizes,
+        batch_sizes=args.batch_sizes,
         timing=TimingConfig(args.repeats, args.warmup, args.evict_mb, args.statistic),
         per_layer_cost=args.per_layer_cost,
         seed=args.seed,
