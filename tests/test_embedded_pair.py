@@ -8,7 +8,7 @@ from transformers import AutoModelForCausalLM
 
 from moe_spec import SpecDecoder
 from moe_spec.policy.static import StaticController
-from moe_spec.policy.cost_aware import MoeAwareController
+from moe_spec.policy.moe_aware import MoeAwareController
 from moe_spec.drafters import EagleDrafter, TreeBudget
 from moe_spec.loading import DEFAULT_DRAFTER, DEFAULT_TARGET, load_target, load_tokenizer
 from moe_spec.profile.artifact import Profile

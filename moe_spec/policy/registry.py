@@ -25,7 +25,8 @@ from moe_spec.core.control import Controller
 from moe_spec.core.drafting import EAGLE2_BUDGET, Drafter
 from moe_spec.core.target import TargetModel
 from moe_spec.errors import InputError
-from moe_spec.policy.cost_aware import MoeAwareController, TruncateController, token_count_cost
+from moe_spec.policy.moe_aware import MoeAwareController
+from moe_spec.policy.truncate import TruncateController, token_count_cost
 from moe_spec.policy.static import StaticController
 
 if TYPE_CHECKING:

@@ -96,7 +96,7 @@ def test_tokens_sampled_through_sibling_trees_follow_the_target(arch, config):
 @pytest.mark.parametrize("policy", ["static", "moe-aware"])
 def test_sampling_stays_exact_under_controller_policies(policy):
     from moe_spec.policy.static import StaticController
-    from moe_spec.policy.cost_aware import MoeAwareController
+    from moe_spec.policy.moe_aware import MoeAwareController
     from moe_spec.drafters.lookup import LookupDrafter
     from moe_spec.measure.latency import TimingConfig
     from moe_spec.measure.profiler import ProfileSettings, build_profile

@@ -8,7 +8,8 @@ import torch
 from moe_spec import LookupDrafter, SpecDecoder, TreeBudget
 from moe_spec.core.acceptance import Acceptance
 from moe_spec.policy.static import StaticController
-from moe_spec.policy.cost_aware import MoeAwareController, TruncateController, token_count_cost
+from moe_spec.policy.moe_aware import MoeAwareController
+from moe_spec.policy.truncate import TruncateController, token_count_cost
 from moe_spec.policy.online_correction import AcceptanceCorrection
 from moe_spec.measure.latency import TimingConfig
 from moe_spec.measure.profiler import ProfileSettings, build_profile

@@ -1,0 +1,105 @@
+"""`MoeAwareController`: moe_spec's policy (the `moe-aware` method and its `-noexperts` ablation)."""
+
+from __future__ import annotations
+
+from collections import deque
+
+from moe_spec.core.control import StepPlan
+from moe_spec.core.drafting import EAGLE2_BUDGET, NO_DRAFT, TreeBudget
+from moe_spec.core.forest import StepForest
+from moe_spec.core.step_record import StepRecord
+from moe_spec.policy.online_correction import DraftCostTracker, ThroughputTracker
+from moe_spec.policy.profiled import ProfiledController
+from moe_spec.policy.selection import StepPrices, best_first_forest
+
+
+class MoeAwareController(ProfiledController):
+    """moe_spec's policy: best-first subtree over the whole candidate tree, each node priced by
+    the experts it newly activates (see `selection.py`); no speculation when that wins.
+
+    The candidate tree is sized by the same economics: the drafter expands `candidate_growth` times
+    as many nodes per row as recent steps chose to verify (at least `candidate_min`; starting from
+    10 nodes, 4 deep), as deep as they went, and one level deeper when a recent choice used the
+    candidates' last level (so deeper trees are explored where they might pay, and no level is
+    drafted every step only to be dropped). Selection prices drafting by depth (see `selection.py`),
+    so a generous candidate tree does not inflate the next one. Drafting pauses (probing every
+    `probe_every` steps) when several steps in a row chose plain decoding, or when the *measured*
+    throughput of speculative steps (tokens per ms of draft + plan + verify, a moving average) falls
+    below that of plain steps: the measurement covers what the model cannot see, such as the
+    drafter's and the controller's own time.
+    """
+
+    name = "moe-aware"
+
+    def __init__(self, profile, price_experts: bool = True, adapt: bool = True, persist: bool = False,
+                 recent_steps: int = 4, probe_every: int = 4, candidate_growth: float = 1.25, candidate_min: int = 4):
+        super().__init__(profile, adapt=adapt, persist=persist)
+        self.price_experts = price_experts
+        self.candidate_growth = candidate_growth
+        self.candidate_min = candidate_min
+        self.recent_steps = recent_steps
+        self.probe_every = probe_every
+        self._default = EAGLE2_BUDGET
+        self._fresh_history()
+
+    def _fresh_history(self) -> None:
+        self.rates = ThroughputTracker()
+        self._recent: deque[tuple[int, int, bool]] = deque(maxlen=self.recent_steps)  # (nodes, depth, at edge) chosen
+        self._plain_steps = 0
+        self.draft_costs = DraftCostTracker()
+
+    def begin(self, default: TreeBudget) -> TreeBudget:
+        super().begin(default)
+        if not self.persist:
+            self._fresh_history()
+        self._default = default
+        return self._next_budget()
+
+    def plan(self, candidates: StepForest, draft_ms: float) -> StepPlan:
+        candidates = StepForest.of(candidates)
+        if candidates.num_drafted == 0:  # drafting was skipped: a plain step
+            self._recent.append((0, 0, False))
+            return StepPlan(candidates, self._next_budget())
+        probs = self._expert_probs(candidates) if self.price_experts else None
+        row_probs = probs.split(candidates.sizes.tolist(), dim=1) if probs is not None else [None] * candidates.rows
+        prices = [StepPrices(values, p) for values, p in zip(self.values_of(candidates), row_probs)]  # p: [L, N_b, E]
+        self.draft_costs.update(candidates.max_depth, draft_ms)
+        fixed_ms, depth_ms = self.draft_costs.estimate()
+        keeps = best_first_forest(candidates, prices, self.cost_model(), depth_ms, draft_fixed_ms=fixed_ms)
+        chosen = candidates.subforest(keeps)
+        self._recent.append((max(t.num_drafted for t in chosen), chosen.max_depth, chosen.max_depth >= candidates.max_depth))
+        if chosen.num_drafted:
+            self._plain_steps = 0
+        return StepPlan(chosen, self._next_budget())
+
+    def observe(self, record: StepRecord) -> None:
+        self.rates.update(record.speculated, record.tokens_produced, record.draft_ms + record.plan_ms + record.verify_ms)
+        if self.adapt:  # plain passes measure the fixed cost too
+            self.cost_correction.update(self.predicted_verify_ms(record.verified), record.verify_ms)
+        if self.adapt and record.speculated:
+            self._learn_acceptance(record)
+
+    def _next_budget(self) -> TreeBudget:
+        """The candidate tree to draft next, from the recent choices and measured rates."""
+        default = self._default
+        if self.adapt and self.rates.plain is None and self.rates.speculative_steps == 2:
+            return NO_DRAFT  # one plain step early on, to measure what it costs
+        chose_plain = len(self._recent) == self.recent_steps and all(nodes == 0 for nodes, _, _ in self._recent)
+        if chose_plain or (self.adapt and self.rates.speculation_loses()):
+            self._plain_steps += 1
+            if self._plain_steps % self.probe_every:
+                return NO_DRAFT  # speculation has not paid lately: skip drafting
+        if len(self._recent) < self.recent_steps:
+            return self._sized(default, 8, 3)
+        nodes = max(nodes for nodes, _, _ in self._recent)
+        depth = max(depth for _, depth, _ in self._recent)
+        deeper = any(edge for _, _, edge in self._recent)  # a recent choice used the candidates' last level
+        return self._sized(default, nodes, depth, deeper)
+
+    def _sized(self, default: TreeBudget, nodes: int, depth: int, deeper: bool = True) -> TreeBudget:
+        """A candidate tree around `nodes` chosen nodes per row `depth` deep: `candidate_growth` times
+        the nodes, one level deeper if `deeper`, and only as many expansions per level as that many
+        nodes can use (each expansion is a row of the head's forward and of its output projection)."""
+        nodes = min(default.max_nodes, max(self.candidate_min, round(self.candidate_growth * nodes)))
+        depth = min(default.max_depth, max(depth + deeper, 1))
+        return TreeBudget(nodes, depth, min(default.branching, max(2, -(-nodes // depth))))

@@ -1,0 +1,108 @@
+"""What the profile-driven controllers share: calibrated node values with an online acceptance
+correction, the profile's cost model with an online offset, and the predicted routing of nodes.
+
+`truncate` (`policy/truncate.py`) and `moe-aware` (`policy/moe_aware.py`) both build on it, so
+comparing them isolates what expert pricing and global best-first selection add.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+import torch
+
+from moe_spec.core.drafting import TreeBudget
+from moe_spec.core.forest import StepForest
+from moe_spec.core.step_record import StepRecord
+from moe_spec.core.tree import DraftTree
+from moe_spec.policy.online_correction import AcceptanceCorrection, CostCorrection
+from moe_spec.profile.cost_model import CostModel, expected_unique_experts
+
+
+class ProfiledController:
+    """Shared machinery: calibrated values with online correction, a cost model with online correction."""
+
+    def __init__(self, profile, adapt: bool = True, persist: bool = False):
+        if profile.calibration is None:
+            raise ValueError("this profile has no acceptance calibration (it was made without a drafter)")
+        self.profile = profile
+        self.adapt = adapt
+        self.persist = persist
+        self._fresh_corrections()
+
+    def _fresh_corrections(self) -> None:
+        self.acceptance_correction = AcceptanceCorrection()
+        self.cost_correction = CostCorrection()
+
+    def begin(self, default: TreeBudget) -> TreeBudget:
+        if not self.persist:
+            self._fresh_corrections()
+        return default
+
+    def values(self, tree: DraftTree) -> torch.Tensor:
+        """[N] calibrated P(on accepted path), corrected per depth, kept non-increasing along paths."""
+        return self.values_of(StepForest((tree,)))[0]
+
+    def values_of(self, forest: StepForest) -> list[torch.Tensor]:
+        """`values` of every row's tree, computed over all rows' nodes at once (each tree's [N_b])."""
+        forest = StepForest.of(forest)
+        values = self._calibrated(forest)
+        depths, parents = forest.depths, forest.parent_or_self
+        levels = [depths == depth for depth in range(1, forest.max_depth + 1)]
+        if self.adapt and levels:
+            factor = np.array([1.0] + [self.acceptance_correction.factor(d) for d in range(1, len(levels) + 1)])
+            values = values * factor[depths]
+            for level in levels:  # keep values non-increasing down every path
+                values[level] = np.minimum(values[level], values[parents[level]])
+        values[depths == 0] = 1.0
+        return forest.split(torch.from_numpy(values))
+
+    def _calibrated(self, forest: StepForest) -> np.ndarray:
+        """[N] over all rows' nodes: the profile's calibrated P(on accepted path), as
+        `AcceptanceCalibration.path_probability` computes it for one tree."""
+        depths, parents, scores = forest.depths, forest.parent_or_self, forest.scores
+        conditional = self.profile.calibration.conditional_probability_of(np.exp(scores - scores[parents]), depths)
+        conditional[depths == 0] = 1.0
+        values = conditional.copy()
+        for depth in range(1, forest.max_depth + 1):  # path products, one level at a time
+            level = depths == depth
+            values[level] = values[parents[level]] * conditional[level]
+        return values
+
+    def cost_model(self) -> CostModel:
+        base = self.profile.cost_model
+        if not self.adapt:
+            return base
+        return replace(base, base_ms=max(base.base_ms + self.cost_correction.offset_ms, 0.0))
+
+    def _learn_acceptance(self, record: StepRecord) -> None:
+        drafted = [b for b, tree in enumerate(record.verified) if tree.num_drafted]
+        if not drafted:
+            return
+        forest = StepForest(tuple(record.verified[b] for b in drafted))
+        values = self._calibrated(forest)
+        on_path = np.zeros(forest.num_nodes)
+        for row, b in enumerate(drafted):
+            on_path[forest.offsets[row] + np.asarray(record.acceptances[b].path)] = 1.0
+        for depth in range(1, forest.max_depth + 1):
+            level = forest.depths == depth
+            self.acceptance_correction.update(depth, float(values[level].sum()), float(on_path[level].sum()))
+
+    def predicted_verify_ms(self, forest: StepForest, cost: CostModel | None = None) -> float:
+        """The uncorrected cost model's time for verifying these rows' trees in one padded pass
+        (padding costs tokens, not experts: `batch_layout.step_inputs`)."""
+        forest = StepForest.of(forest)
+        cost = cost or self.profile.cost_model
+        if not cost.num_layers:
+            return cost.predict_ms(forest.pass_tokens, [], rows=forest.rows)
+        probs = self._expert_probs(forest)  # [L, N, E]
+        return cost.predict_ms(forest.pass_tokens, expected_unique_experts(probs), rows=forest.rows)
+
+    def _expert_probs(self, forest: StepForest) -> torch.Tensor | None:
+        """[L, N, E] predicted routing of every row's nodes, in the form the profile found to predict
+        unique experts best (0/1 top-K sets or probabilities; probabilities over many nodes
+        overestimate the union); None for a dense target."""
+        if not self.profile.cost_model.num_layers:
+            return None
+        return self.profile.priced_experts(forest.tokens)
