@@ -3,7 +3,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup test demo clean
+.PHONY: setup test test-quick demo clean
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -17,6 +17,10 @@ setup: $(STAMP)
 
 test: $(STAMP)
 	OMP_NUM_THREADS=2 $(BIN)/python -m pytest -q
+
+# the quick loop: everything but the tests that train, profile or execute notebooks
+test-quick: $(STAMP)
+	OMP_NUM_THREADS=2 $(BIN)/python -m pytest -q -m "not slow and not gpu"
 
 demo: $(STAMP)
 	$(BIN)/moe-spec demo
