@@ -116,10 +116,10 @@ class PerRowDrafters:
 
 
 def batch_drafter(drafter, batch: int) -> BatchDrafter:
-    """The drafter for `batch` rows: its own batched form if it has one (`for_batch`), else copies
-    of it per row."""
-    if batch > 1 and hasattr(drafter, "for_batch"):
-        return drafter.for_batch(batch)
+    """The drafter for `batch` rows: the drafter itself when it drafts a batch (it has `keep_rows`,
+    as `EagleDrafter` does, for any batch size), else copies of it per row."""
+    if hasattr(drafter, "keep_rows"):
+        return drafter
     if batch == 1:
         return PerRowDrafters([drafter])
     spawn = getattr(drafter, "spawn", None)

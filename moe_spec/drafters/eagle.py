@@ -1,59 +1,72 @@
-"""`EagleDrafter`: an EAGLE-2 dynamic draft tree (Li et al., 2024) grown by an `EagleHead`.
+"""`EagleDrafter`: EAGLE-2 dynamic draft trees (Li et al., 2024) grown by an `EagleHead`, for B rows
+at once (one head forward per tree depth for the whole batch); a single sequence is a batch of one.
 
-Cache handling. The head's keys and values live in a `HeadRunner`'s preallocated buffer whose
-first `length` columns are exactly the committed pairs (features of position t, token t+1) whose
-features came from the target. `begin` and `commit` only queue the new pairs (fusing their
-features); `propose` runs them through the head in its first forward together with the pending
-pair (features of the last committed position, root token), whose output gives the root's
-children (only that last pair's attention and MLP are computed: the committed pairs' h is never
-read). Each further depth is one batched forward of the frontier nodes chosen for expansion,
-written into the buffer after the root pair with an ancestor mask, all at position C + d - 1 for
-nodes at depth d - 1 (C = committed pairs). Before returning, `length` goes back to C: the root
-pair and the drafts are simply overwritten by the next writes (the root pair's token is
-committed next, by `commit`, and re-queued then).
+Cache handling. The head's keys and values live in a `HeadRunner`'s preallocated [B, ...]
+buffers whose first `lengths[b]` columns are exactly row b's committed pairs (features of
+position t, token t+1) whose features came from the target. `begin` and `commit` only queue the
+new pairs (fusing their features); `propose` runs them through the head in its first forward
+together with each row's pending pair (features of its last committed position, root token),
+whose output gives the root's children (only that last pair's attention and MLP are computed:
+the committed pairs' h is never read). Each further depth is one forward of the frontier nodes
+chosen for expansion in every row, written into shared columns past every row's prefix with an
+ancestor mask, all of row b's at position C_b + d - 1 for nodes at depth d - 1 (C_b = its
+committed pairs). Before returning, `lengths` go back to C: the root pairs and the drafts are
+simply overwritten by the next writes (a root pair's token is committed next, by `commit`, and
+re-queued then).
 
 Tree growth, as EAGLE-2's `topK_genrate`: the root's top-`w` children; at each further depth the
-`w` best nodes of the newest depth by cumulative log-probability are expanded (one forward),
-each into its top-`w` children; after `max_depth` depths every drafted node is reranked globally
-by cumulative log-probability and the best `max_nodes` are kept. `w = min(branching, max_nodes)`:
-with `branching >= max_nodes` the kept set is the exact top-`max_nodes` of the full
-`branching`-ary tree either way (up to exact score ties), so a small budget does proportionally
-less work. A child's cumulative log-probability never exceeds its parent's and ties go to the
-lower (earlier) index, so the kept set is closed under parents, and a frontier node scoring no
-better than the current `max_nodes`-th best drafted node cannot have a descendant in the kept
-set: such nodes are not expanded, and growth stops once no frontier node beats that threshold.
-This pruning never changes the kept set. When sampling, the draft distribution is the sampled one
+`w` best nodes of the newest depth by cumulative log-probability are expanded, each into its
+top-`w` children; after `max_depth` depths every drafted node is reranked globally by cumulative
+log-probability and the best `max_nodes` are kept. `w = min(branching, max_nodes)`: with
+`branching >= max_nodes` the kept set is the exact top-`max_nodes` of the full `branching`-ary
+tree either way (up to exact score ties), so a small budget does proportionally less work. A
+child's cumulative log-probability never exceeds its parent's and ties go to the lower (earlier)
+index, so the kept set is closed under parents, and a frontier node scoring no better than the
+current `max_nodes`-th best drafted node cannot have a descendant in the kept set: such nodes are
+not expanded, and growth stops once no row has a frontier node beating its threshold. This
+pruning never changes the kept set. When sampling, the draft distribution is the sampled one
 (`moe_spec.core.sampling.probabilities`), and candidates it gives zero probability are not drafted.
+
+Rows grow on padded [B, ...] tensors. Where a row has fewer nodes to expand than another (pruned
+by its own threshold, candidates of probability zero, or its depth cap), the gap holds
+placeholder nodes of score -inf: they run through the head like the others but nothing reads
+them, their children are -inf too, and the final rerank drops them. Every row's finite nodes,
+their order and their tie breaks are those it has when drafted alone, so each row gets the tree
+it would get as a batch of one (up to float rounding of the batched matmuls).
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
 import torch
 
-from moe_spec.core.drafting import TreeBudget
-from moe_spec.drafters.eagle_batch import EagleBatchDrafter, draft_log_probs, rerank
-from moe_spec.drafters.eagle_head import EagleHead, HeadRunner, check_fits
-from moe_spec.core.sampling import SamplingConfig
+from moe_spec.core.drafting import EAGLE2_BUDGET, TreeBudget
+from moe_spec.core.sampling import SamplingConfig, probabilities
 from moe_spec.core.target import TargetModel
 from moe_spec.core.tree import DraftTree
+from moe_spec.drafters.eagle_head import EagleHead, check_fits
+from moe_spec.drafters.head_runner import HeadRunner
+
+NEG_INF = float("-inf")
 
 
 class EagleDrafter:
+    """A `moe_spec.core.drafting.BatchDrafter` for any number of rows."""
+
     def __init__(self, head: EagleHead, target: TargetModel, budget: TreeBudget | None = None):
         check_fits(head.config, target)
         self.head = head.eval()
-        self.target = target
         self.embed = target.model.get_input_embeddings()  # the target's, frozen, used as is
-        self.default_budget = budget or TreeBudget(max_nodes=60, max_depth=5, branching=10)
+        self.default_budget = budget or EAGLE2_BUDGET
         self._device = self.embed.weight.device
         self.head.to(self._device)
         self._runner = HeadRunner(self.head, self.embed)
-        self._queued_g: list[torch.Tensor] = []  # each [A, D] fused target features of queued pairs
-        self._queued_tokens: list[torch.Tensor] = []  # each [A] long: the tokens of those pairs
-        self._last_g: torch.Tensor | None = None  # [1, D] fused features of the last committed position
-        self._tables: dict = {}  # per (width, dtype): constant index/mask tensors of `_grow`
+        self._queued_g: list[list[torch.Tensor]] = []  # per row, each [A, D] fused target features of queued pairs
+        self._queued_tokens: list[list[torch.Tensor]] = []  # per row, each [A] long: the tokens of those pairs
+        self._last_g: list[torch.Tensor] | None = None  # per row [1, D] fused features of its last committed position
+        self._tables: dict = {}  # per (width, dtype): the constant mask of `_diagonal`
 
     @staticmethod
     def from_pretrained(directory: str | Path, target: TargetModel, budget: TreeBudget | None = None) -> "EagleDrafter":
@@ -62,124 +75,163 @@ class EagleDrafter:
     def save_pretrained(self, directory: str | Path) -> None:
         self.head.save_pretrained(directory)
 
-    def spawn(self) -> EagleDrafter:
-        """A fresh drafter sharing this one's head (weights) and budget, with its own cache."""
-        return EagleDrafter(self.head, self.target, self.default_budget)
-
-    def for_batch(self, batch: int) -> EagleBatchDrafter:
-        """A drafter for `batch` rows sharing this one's head and budget: one head forward per
-        tree depth for all rows (`moe_spec.drafters.eagle_batch`)."""
-        return EagleBatchDrafter(self.head, self.target, batch, self.default_budget)
-
     @property
     def rows_drafted(self) -> int:
-        """Tree rows the head has run so far (expanded nodes at depths >= 1, over all `propose` calls)."""
+        """Tree rows the head has run so far (expanded nodes at depths >= 1 over all rows, placeholders
+        included, over all `propose` calls)."""
         return self._runner.rows_drafted
 
-    # -- the Drafter protocol ----------------------------------------------------------------
+    # -- the BatchDrafter protocol -----------------------------------------------------------
 
     @torch.inference_mode()
-    def begin(self, prompt: torch.Tensor, features: torch.Tensor) -> None:
-        """prompt: [T] long; features: [T, S, D]."""
-        self._runner.reset()
-        self._queued_g, self._queued_tokens = [], []
-        g = self.head.fuse(features.to(self._device))  # [T, D]
-        if prompt.numel() > 1:
-            self._queue(g[:-1], prompt[1:])
-        self._last_g = g[-1:]
+    def begin(self, prompts: Sequence[torch.Tensor], features: Sequence[torch.Tensor]) -> None:
+        """prompts[b]: [T_b] long; features[b]: [T_b, S, D]. Starts over with len(prompts) rows."""
+        self._runner.reset(len(prompts))
+        fused = self._fuse(features)
+        self._queued_g = [[g[:-1]] for g in fused]
+        self._queued_tokens = [[p[1:].to(self._device, torch.long)] for p in prompts]
+        self._last_g = [g[-1:] for g in fused]
 
     @torch.inference_mode()
-    def commit(self, tokens: torch.Tensor, features: torch.Tensor) -> None:
-        """tokens: [A] long; features: [A, S, D]. Pairs (previous features, tokens[0]), (features[0], tokens[1]), ..."""
-        g = self.head.fuse(features.to(self._device))  # [A, D]
-        self._queue(torch.cat([self._last_g, g[:-1]]), tokens)
-        self._last_g = g[-1:]
+    def commit(self, tokens: Sequence[torch.Tensor], features: Sequence[torch.Tensor]) -> None:
+        """tokens[b]: [A_b] long; features[b]: [A_b, S, D]. Row b's pairs (its previous features,
+        tokens[b][0]), (features[b][0], tokens[b][1]), ..."""
+        fused = self._fuse(features)
+        for b, (g, t) in enumerate(zip(fused, tokens)):
+            self._queued_g[b].append(torch.cat([self._last_g[b], g[:-1]]))
+            self._queued_tokens[b].append(t.to(self._device, torch.long))
+        self._last_g = [g[-1:] for g in fused]
 
-    def propose(self, root_token: int, budget: TreeBudget, sampling: SamplingConfig) -> DraftTree:
+    def keep_rows(self, rows: Sequence[int]) -> None:
+        rows = list(rows)
+        self._runner.keep_rows(rows)
+        self._queued_g = [self._queued_g[i] for i in rows]
+        self._queued_tokens = [self._queued_tokens[i] for i in rows]
+        self._last_g = [self._last_g[i] for i in rows]
+
+    def propose(self, roots: Sequence[int], budget: TreeBudget, max_depths: Sequence[int],
+                sampling: SamplingConfig) -> list[DraftTree]:
         if self._last_g is None:
             raise RuntimeError("EagleDrafter.propose called before begin")
-        max_depth = min(budget.max_depth, budget.max_nodes)
-        if max_depth == 0:
-            return DraftTree.root_only(root_token)
+        caps = [min(d, budget.max_depth, budget.max_nodes) for d in max_depths]  # each row's depth
+        if max(caps) <= 0:
+            return [DraftTree.root_only(r) for r in roots]
         width = min(budget.branching, budget.max_nodes, self.head.config.draft_vocab_size)
         with torch.inference_mode():
             runner = self._runner
             runner.refresh()
-            # depth 0: queued committed pairs + the root pair, causally, in one forward
-            g = torch.cat(self._queued_g + [self._last_g])  # [A, D]
-            tokens = torch.cat(self._queued_tokens + [torch.tensor([root_token], device=self._device)])
-            self._queued_g, self._queued_tokens = [], []
-            h_root = runner.extend(g, tokens)  # [D]
-            committed = runner.length - 1  # the root pair is re-queued by commit
+            # depth 0: each row's queued committed pairs + its root pair, causally, in one forward
+            root_ids = torch.tensor(list(roots), device=self._device)
+            g = [torch.cat(queued + [last]) for queued, last in zip(self._queued_g, self._last_g)]
+            tokens = [torch.cat(queued + [root_ids[b: b + 1]]) for b, queued in enumerate(self._queued_tokens)]
+            self._queued_g = [[] for _ in g]
+            self._queued_tokens = [[] for _ in g]
+            h_root = runner.extend(g, tokens)  # [B, D]
+            committed = [n - 1 for n in runner.lengths]  # the root pairs' columns (re-queued by commit)
             try:
-                ids, parents, scores = self._grow(h_root, committed, max_depth, width, budget.max_nodes, sampling)
+                ids, parents, scores = self._grow(h_root, committed, caps, width, budget.max_nodes, sampling)
             finally:
-                runner.length = committed  # drop the root pair and the drafts
-        # outside inference mode, so the tree holds ordinary tensors
-        return rerank(root_token, self._runner.d2t, ids, parents, scores, budget.max_nodes)
+                runner.lengths = committed  # drop the root pairs and the drafts
+        # outside inference mode, so the trees hold ordinary tensors
+        return [rerank(root, runner.d2t, ids[b], parents[b], scores[b], budget.max_nodes)
+                for b, root in enumerate(roots)]
 
     # -- internals -----------------------------------------------------------------------------
 
-    def _queue(self, g: torch.Tensor, tokens: torch.Tensor) -> None:
-        """g: [A, D] fused target features; tokens: [A] the tokens that follow them."""
-        self._queued_g.append(g)
-        self._queued_tokens.append(tokens.to(self._device, torch.long))
+    def _fuse(self, features: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        """Per row [A_b, S, D] -> [A_b, D], in one matmul for the batch."""
+        sizes = [f.shape[0] for f in features]
+        return list(self.head.fuse(torch.cat([f.to(self._device) for f in features])).split(sizes))
 
-    def _constants(self, width: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """(row of each child [w * w], tree mask of a lone root [1, 1], diagonal mask [w, w]) for `_grow`."""
+    def _diagonal(self, width: int) -> torch.Tensor:
+        """[w, w] additive tree mask of nodes that see only themselves among their depth, for `_grow`."""
         dtype = self._runner.dtype
         key = (width, dtype)
         if key not in self._tables:
             closed = torch.full((width, width), torch.finfo(dtype).min, dtype=dtype, device=self._device)
-            self._tables[key] = (
-                torch.arange(width, device=self._device).repeat_interleave(width),
-                torch.zeros(1, 1, dtype=dtype, device=self._device),
-                closed.fill_diagonal_(0.0),
-            )
+            self._tables[key] = closed.fill_diagonal_(0.0)
         return self._tables[key]
 
-    def _grow(self, h_root: torch.Tensor, committed: int, max_depth: int, width: int, max_nodes: int,
+    def _grow(self, h_root: torch.Tensor, committed: list[int], caps: list[int], width: int, max_nodes: int,
               sampling: SamplingConfig) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """h_root: [D] the root pair's output. Returns every drafted node's (draft id, parent, score);
-        nodes are numbered from 1 (the root is 0) depth by depth, each depth in expansion order."""
-        runner, greedy = self._runner, sampling.greedy
-        child_rows, tree_mask, diagonal = self._constants(width)
+        """h_root: [B, D] the root pairs' outputs; committed: each row's committed pairs; caps: each
+        row's depth. Returns [B, N] draft ids, parents and scores of every drafted node
+        (placeholders: score -inf), numbered from 1 (the root is 0) depth by depth, each depth in
+        expansion order."""
+        runner, device = self._runner, h_root.device
+        batch = h_root.shape[0]
+        diagonal = self._diagonal(width)
+        depth_of_row = torch.tensor(caps, device=device)[:, None]  # [B, 1]
 
         def children(h: torch.Tensor, base: torch.Tensor):
-            """h: [M, D] of expanded nodes with cumulative scores base [M] -> their top-`width` children:
-            (draft ids, cumulative scores, row of the parent in h), candidates of probability zero dropped."""
-            top_logp, top_ids = draft_log_probs(runner, h, sampling).topk(width, dim=-1)  # [M, w] each
-            cumulative = (base[:, None] + top_logp).view(-1)
-            ids, rows = top_ids.view(-1), child_rows[: cumulative.numel()]
-            if greedy:  # log_softmax of finite logits is finite
-                return ids, cumulative, rows
-            keep = cumulative > float("-inf")
-            return ids[keep], cumulative[keep], rows[keep]
+            """h [B, M, D] of expanded nodes with cumulative scores base [B, M] -> their top-`w`
+            children: draft ids, cumulative scores [B, M*w] (-inf stays -inf)."""
+            m = h.shape[1]
+            top_logp, top_ids = draft_log_probs(runner, h.reshape(batch * m, -1), sampling).topk(width, dim=-1)
+            cumulative = base[..., None] + top_logp.view(batch, m, width)
+            return top_ids.view(batch, m * width), cumulative.view(batch, m * width)
 
-        ids, scores, rows = children(h_root[None], torch.zeros(1, device=h_root.device))
+        ids, scores = children(h_root[:, None], torch.zeros(batch, 1, device=device))
+        if min(caps) < 1:
+            scores = scores.masked_fill(depth_of_row < 1, NEG_INF)
         all_ids, all_parents, all_scores = [ids], [torch.zeros_like(ids)], [scores]
-        first, drafted = 1, ids.numel()  # node index of the newest depth's first node; nodes so far
-        h = h_root[None]  # h of the rows expanded last: the newest depth's parents
-        for depth in range(2, max_depth + 1):
-            if scores.numel() == 0:
+        first = 1  # node index of the newest depth's first node
+        h = h_root[:, None]  # [B, M, D] of the rows expanded last: the newest depth's parents
+        # [B, M, columns] what the newest depth's nodes see: the root's children see the prefix
+        # (each row's committed pairs and root pair), deeper nodes also their ancestors and themselves
+        tree_mask = runner.prefix_mask([c + 1 for c in committed])[:, None]
+        for depth in range(2, max(caps) + 1):
+            ranked, order = torch.sort(scores, dim=1, descending=True, stable=True)  # ties: lower index first
+            ranked, order = ranked[:, :width], order[:, :width]
+            if first - 1 + scores.shape[1] >= max_nodes:  # nodes no better than the max_nodes-th best have no kept descendant
+                drafted = torch.cat(all_scores, dim=1)  # [B, nodes so far]
+                threshold = drafted.topk(max_nodes, dim=1).values[:, -1:]  # [B, 1]; -inf with fewer finite nodes
+                live = ranked > threshold
+            else:
+                live = ranked > NEG_INF
+            if min(caps) < depth:
+                live &= depth_of_row >= depth
+            counts = live.sum(1).tolist()  # live nodes come first in every row
+            m = max(counts)
+            if m == 0:
                 break
-            ranked, order = torch.sort(scores, descending=True, stable=True)  # ties: lower index first
-            ranked, order = ranked[:width], order[:width]
-            if drafted >= max_nodes:  # nodes no better than the max_nodes-th best have no kept descendant
-                threshold = torch.cat(all_scores).topk(max_nodes).values[-1]
-                m = int((ranked > threshold).sum())
-                if m == 0:
-                    break
-                ranked, order = ranked[:m], order[:m]
-            m = order.numel()
-            parent_rows = rows[order]
-            tree_mask = torch.cat([tree_mask[parent_rows], diagonal[:m, :m]], dim=1)  # [m, tree columns]
-            h = runner.draft(h[parent_rows], runner.d2t[ids[order]], committed + depth - 1, committed, tree_mask)
-            nodes = order + first  # node indices of the expanded
-            first += scores.numel()
-            ids, scores, rows = children(h, ranked)
+            ranked, order = ranked[:, :m], order[:, :m]
+            if min(counts) < m:  # rows with fewer live nodes than the widest get placeholders
+                ranked = ranked.masked_fill(~live[:, :m], NEG_INF)
+            # gathers, not advanced indexing: at these sizes the per-call cost is what counts
+            parent_slots = (order // width)[..., None]  # [B, m, 1]: row of each expanded node's parent in h
+            tree_mask = torch.cat([tree_mask.gather(1, parent_slots.expand(-1, -1, tree_mask.shape[2])),
+                                   diagonal[:m, :m].expand(batch, m, m)], dim=2)
+            h = runner.draft(h.gather(1, parent_slots.expand(-1, -1, h.shape[2])), runner.d2t[ids.gather(1, order)],
+                             [c + depth - 1 for c in committed], tree_mask)
+            nodes = order + first  # [B, m] node indices of the expanded
+            first += scores.shape[1]
+            ids, scores = children(h, ranked)
             all_ids.append(ids)
-            all_parents.append(nodes[rows])
+            all_parents.append(nodes[..., None].expand(batch, m, width).reshape(batch, m * width))
             all_scores.append(scores)
-            drafted += ids.numel()
-        return torch.cat(all_ids), torch.cat(all_parents), torch.cat(all_scores)
+        return torch.cat(all_ids, dim=1), torch.cat(all_parents, dim=1), torch.cat(all_scores, dim=1)
+
+
+def draft_log_probs(runner: HeadRunner, h: torch.Tensor, sampling: SamplingConfig) -> torch.Tensor:
+    """[M, D] -> [M, V_draft] the head's draft log-probabilities (of the sampled distribution when
+    sampling)."""
+    logits = runner.logits(h).float()
+    if sampling.greedy:
+        return torch.log_softmax(logits, dim=-1)
+    return probabilities(logits, sampling).log()
+
+
+def rerank(root_token: int, d2t: torch.Tensor, ids: torch.Tensor, parents: torch.Tensor, scores: torch.Tensor,
+           max_nodes: int) -> DraftTree:
+    """The best `max_nodes` drafted nodes of finite score (ties: lower index), in node order, as a
+    tree under the root. ids, parents, scores: [N] of nodes 1..N (parents index nodes, 0 the root)."""
+    best = torch.sort(scores, descending=True, stable=True).indices[:max_nodes]
+    best = best[scores[best] > NEG_INF].sort().values  # [K]
+    kept = torch.cat([best.new_zeros(1), best + 1])  # node indices, root first, ascending
+    new_parents = torch.searchsorted(kept, parents[best])  # closed under parents: every one is found
+    return DraftTree(
+        torch.cat([torch.tensor([root_token]), d2t[ids[best]].cpu()]),
+        torch.cat([torch.tensor([-1]), new_parents.cpu()]),
+        torch.cat([torch.zeros(1), scores[best].float().cpu()]),
+    )

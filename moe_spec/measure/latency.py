@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from moe_spec.core.drafting import Drafter, TreeBudget
+from moe_spec.core.drafting import BatchDrafter, Drafter, TreeBudget, batch_drafter
 from moe_spec.measure.forced_routing import ForcedRouting, feasible, forced_assignment
 from moe_spec.core.sampling import SamplingConfig
 from moe_spec.core.target import TargetModel
@@ -212,19 +212,21 @@ class DraftCost:
 
 
 def draft_cost(
-    drafter: Drafter,
+    drafter: Drafter | BatchDrafter,
     root: int,
     budgets: Sequence[TreeBudget],
     config: TimingConfig,
 ) -> DraftCost:
-    """Time `propose` over budgets (the drafter must have `begin` run); weights stay warm, since
-    the draft head runs right after the previous step's commit touched it."""
+    """Time `propose` of one row over budgets (the drafter must have `begin` run on one prompt);
+    weights stay warm, since the draft head runs right after the previous step's commit touched it."""
     warm = CacheEvictor(0)
     greedy = SamplingConfig(0.0, 0, 1.0)
+    row = batch_drafter(drafter, 1)  # the drafter itself, or a view of it as a batch of one
     samples = []
     for budget in budgets:
         trees: list[DraftTree] = []
-        ms, _ = timed_median(lambda: trees.append(drafter.propose(root, budget, greedy)), config, warm)
+        ms, _ = timed_median(lambda: trees.append(row.propose([root], budget, [budget.max_depth], greedy)[0]),
+                             config, warm)
         tree = trees[-1]
         samples.append((int(tree.depths.max()), tree.num_drafted, ms))
     design = np.array([[1.0, d, n] for d, n, _ in samples])

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import torch
 
 from moe_spec.core.acceptance import accept_greedy
-from moe_spec.core.drafting import Drafter, TreeBudget
+from moe_spec.core.drafting import BatchDrafter, Drafter, TreeBudget, batch_drafter
 from moe_spec.core.kv_cache import keep_accepted_path
 from moe_spec.core.sampling import SamplingConfig
 from moe_spec.core.target import TargetModel
@@ -67,7 +67,7 @@ class PromptTrace:
 
 def trace_prompt(
     target: TargetModel,
-    drafter: Drafter | None,
+    drafter: Drafter | BatchDrafter | None,
     prompt: torch.Tensor,  # [T] long
     max_new_tokens: int,
     budget: TreeBudget | None = None,
@@ -80,14 +80,15 @@ def trace_prompt(
     root = int(prefill.logits[0, -1].argmax())
     context_experts = [prefill.routing.experts]
     context_tokens = [prompt]
-    if drafter is not None:
-        drafter.begin(prompt, prefill.features[0].cpu())
+    rows = batch_drafter(drafter, 1) if drafter is not None else None  # one prompt: a batch of one
+    if rows is not None:
+        rows.begin([prompt], [prefill.features[0].cpu()])
     produced = 1
     steps = []
     while produced < max_new_tokens:
         remaining = max_new_tokens - produced
         t0 = time.perf_counter()
-        tree = _draft(drafter, root, budget, remaining)
+        tree = _draft(rows, root, budget, remaining)
         t1 = time.perf_counter()
         prefix_len = cache.get_seq_length()
         out = target.forward_tree(cache, tree.tokens[None], ancestor_mask(tree)[None], (prefix_len + tree.depths)[None])
@@ -96,8 +97,8 @@ def trace_prompt(
         acceptance = accept_greedy(tree, logits)
         keep_accepted_path(cache, prefix_len, acceptance.path)
         path = torch.tensor(acceptance.path)
-        if drafter is not None:
-            drafter.commit(tree.tokens[path], out.features[0, path].cpu())
+        if rows is not None:
+            rows.commit([tree.tokens[path]], [out.features[0, path].cpu()])
         steps.append(
             TracedStep(
                 prompt_index=prompt_index,
@@ -123,11 +124,11 @@ def trace_prompt(
     )
 
 
-def _draft(drafter: Drafter | None, root: int, budget: TreeBudget | None, remaining: int) -> DraftTree:
+def _draft(drafter: BatchDrafter | None, root: int, budget: TreeBudget | None, remaining: int) -> DraftTree:
     if drafter is None or remaining <= 1:
         return DraftTree.root_only(root)
     budget = (budget or drafter.default_budget).capped(remaining - 1)
-    tree = drafter.propose(root, budget, _GREEDY)
+    tree = drafter.propose([root], budget, [budget.max_depth], _GREEDY)[0]
     if int(tree.depths.max()) > remaining - 1:
         tree = tree.subtree((tree.depths <= remaining - 1).nonzero().flatten())
     return tree

@@ -1,20 +1,21 @@
-"""EagleDrafter / EagleHead on tiny random targets: trees, cache handling, train/draft consistency, loading."""
+"""EagleDrafter / EagleHead on tiny random targets: trees, cache handling, train/draft consistency,
+loading, and a batch whose rows each get the tree they get alone (a single sequence is a batch of one)."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from moe_spec.core.drafting import TreeBudget
-from moe_spec.drafters.eagle import EagleDrafter
-from moe_spec.drafters.eagle_head import DraftHeadMismatchError, EagleHead
+from moe_spec.core.drafting import EAGLE2_BUDGET, TreeBudget
 from moe_spec.core.engine import SpecDecoder
-from moe_spec.errors import MoeSpecError
 from moe_spec.core.sampling import SamplingConfig
 from moe_spec.core.target import TargetModel
+from moe_spec.core.tree import DraftTree, path_to
+from moe_spec.drafters.eagle import EagleDrafter
+from moe_spec.drafters.eagle_head import DraftHeadMismatchError, EagleHead
+from moe_spec.errors import MoeSpecError
+from moe_spec.testing.helpers import ALL_ARCHITECTURES, hf_greedy, random_eagle_head
 from moe_spec.testing.tiny_models import tiny_model
-
-from moe_spec.testing.helpers import random_eagle_head
 
 torch.set_num_threads(1)
 DRAFT_VOCAB = 64
@@ -24,13 +25,22 @@ def _prompt(n: int = 12, seed: int = 0) -> torch.Tensor:
     return torch.randint(3, 96, (n,), generator=torch.Generator().manual_seed(seed))
 
 
-def _begun(target: TargetModel, head: EagleHead, prompt: torch.Tensor) -> EagleDrafter:
-    """A drafter begun on `prompt` minus its last token (the pending root), as the engine does."""
+def _features(target: TargetModel, tokens: torch.Tensor) -> torch.Tensor:
+    """[T, S, D] the target's feature layers for a token sequence."""
+    hidden = target.model(tokens[None], output_hidden_states=True).hidden_states
+    return torch.stack([hidden[i][0] for i in target.feature_layers], dim=1).detach()
+
+
+def _begun(target: TargetModel, head: EagleHead, *prompts: torch.Tensor) -> EagleDrafter:
+    """A drafter begun on each prompt minus its last token (the pending root), as the engine does."""
     drafter = EagleDrafter(head, target)
-    prefix = prompt[:-1]
-    features = target.model(prefix[None], output_hidden_states=True).hidden_states
-    drafter.begin(prefix, torch.stack([features[i][0] for i in target.feature_layers], dim=1).detach())
+    drafter.begin([p[:-1] for p in prompts], [_features(target, p[:-1]) for p in prompts])
     return drafter
+
+
+def _propose(drafter: EagleDrafter, root: int, budget: TreeBudget, sampling: SamplingConfig) -> DraftTree:
+    """The tree of a one-row drafter."""
+    return drafter.propose([root], budget, [budget.max_depth], sampling)[0]
 
 
 def _check_tree(tree, root: int, budget: TreeBudget, head: EagleHead, vocab: int) -> None:
@@ -54,7 +64,7 @@ def _check_tree(tree, root: int, budget: TreeBudget, head: EagleHead, vocab: int
 def test_tree_invariants(qwen, budget, sampling):
     target, head = qwen
     prompt = _prompt()
-    tree = _begun(target, head, prompt).propose(int(prompt[-1]), budget, sampling)
+    tree = _propose(_begun(target, head, prompt), int(prompt[-1]), budget, sampling)
     _check_tree(tree, int(prompt[-1]), budget, head, target.vocab_size)
     assert tree.num_drafted == min(budget.max_nodes, _candidates(budget)) or not sampling.greedy
 
@@ -68,8 +78,8 @@ def test_small_budget_keeps_the_globally_best_nodes(qwen):
     target, head = qwen
     prompt = _prompt()
     drafter = _begun(target, head, prompt)
-    big = drafter.propose(int(prompt[-1]), TreeBudget(60, 4, 6), SamplingConfig())
-    small = drafter.propose(int(prompt[-1]), TreeBudget(12, 4, 6), SamplingConfig())
+    big = _propose(drafter, int(prompt[-1]), TreeBudget(60, 4, 6), SamplingConfig())
+    small = _propose(drafter, int(prompt[-1]), TreeBudget(12, 4, 6), SamplingConfig())
     assert torch.allclose(small.scores[1:].sort(descending=True).values, big.scores[1:].sort(descending=True).values[:12])
     assert small.num_drafted == 12
 
@@ -77,7 +87,7 @@ def test_small_budget_keeps_the_globally_best_nodes(qwen):
 def test_sampling_scores_follow_the_sampled_distribution(qwen):
     target, head = qwen
     prompt = _prompt()
-    tree = _begun(target, head, prompt).propose(int(prompt[-1]), TreeBudget(60, 3, 10), SamplingConfig(1.0, top_k=3))
+    tree = _propose(_begun(target, head, prompt), int(prompt[-1]), TreeBudget(60, 3, 10), SamplingConfig(1.0, top_k=3))
     root_children = tree.scores[tree.parents == 0]
     assert root_children.numel() == 3  # tokens outside the top-3 have zero draft probability
     assert torch.logsumexp(root_children, 0).abs() < 1e-4  # they carry the whole sampled distribution
@@ -91,8 +101,8 @@ def test_incremental_drafting_equals_drafting_from_scratch(qwen):
     out = SpecDecoder(target, drafter=drafter).generate(prompt[None], max_new_tokens=24, eos_token_id=[])
     sequence = out.sequences[0]
     budget = TreeBudget(20, 4, 4)
-    continued = drafter.propose(int(sequence[-1]), budget, SamplingConfig())
-    fresh = _begun(target, head, sequence).propose(int(sequence[-1]), budget, SamplingConfig())
+    continued = _propose(drafter, int(sequence[-1]), budget, SamplingConfig())
+    fresh = _propose(_begun(target, head, sequence), int(sequence[-1]), budget, SamplingConfig())
     assert torch.equal(continued.tokens, fresh.tokens) and torch.equal(continued.parents, fresh.parents)
     assert torch.allclose(continued.scores, fresh.scores, atol=1e-4)
 
@@ -101,7 +111,7 @@ def test_chain_drafts_follow_the_training_unroll(qwen):
     """Depth k+1 of a draft is pass k of `EagleHead.unroll` (the training-time test) on the same tokens."""
     target, head = qwen
     prompt = _prompt(9, seed=2)
-    chain = _begun(target, head, prompt).propose(int(prompt[-1]), TreeBudget(3, 3, 1), SamplingConfig())
+    chain = _propose(_begun(target, head, prompt), int(prompt[-1]), TreeBudget(3, 3, 1), SamplingConfig())
     assert chain.num_drafted == 3 and chain.depths.tolist() == [0, 1, 2, 3]
     tokens = torch.cat([prompt, chain.tokens[1:]])  # prompt (root last) + drafts
     with torch.no_grad():
@@ -174,11 +184,11 @@ def test_loading_a_folder_without_a_head_is_a_clear_error(qwen, tmp_path):
 
 
 def _expanded_rows(drafter: EagleDrafter, calls: list) -> None:
-    """Record the row count of every tree forward (one per expanded depth)."""
+    """Record the rows per batch row of every tree forward (one per expanded depth; g is [B, M, D])."""
     draft = drafter._runner.draft
 
     def counting(g, *args):
-        calls.append(g.shape[0])
+        calls.append(g.shape[1])
         return draft(g, *args)
 
     drafter._runner.draft = counting
@@ -192,7 +202,7 @@ def test_smaller_budgets_expand_fewer_nodes_and_keep_the_globally_best(qwen, bra
     prompt = _prompt(seed=4)
     drafter = _begun(target, head, prompt)
     root, depth = int(prompt[-1]), 5
-    everything = drafter.propose(root, TreeBudget(10**6, depth, branching), SamplingConfig())  # never pruned
+    everything = _propose(drafter, root, TreeBudget(10**6, depth, branching), SamplingConfig())  # never pruned
     full_rows = drafter.rows_drafted
     assert everything.num_drafted == _candidates(TreeBudget(10**6, depth, branching))
     assert full_rows == (depth - 1) * branching
@@ -201,7 +211,7 @@ def test_smaller_budgets_expand_fewer_nodes_and_keep_the_globally_best(qwen, bra
         calls = []
         _expanded_rows(drafter, calls)
         before = drafter.rows_drafted
-        tree = drafter.propose(root, TreeBudget(k, depth, branching), SamplingConfig())
+        tree = _propose(drafter, root, TreeBudget(k, depth, branching), SamplingConfig())
         rows[k] = drafter.rows_drafted - before
         assert rows[k] == sum(calls) and all(m <= min(branching, k) for m in calls)
         best = torch.sort(everything.scores[1:], descending=True, stable=True).indices[:k] + 1
@@ -213,60 +223,38 @@ def test_smaller_budgets_expand_fewer_nodes_and_keep_the_globally_best(qwen, bra
     assert rows[8] < full_rows
 
 
-def test_runner_matches_the_head_forward(qwen):
-    """HeadRunner (the drafter's fast path) computes what EagleHead.forward computes, tree masks included."""
-    from transformers import DynamicCache
-
-    from moe_spec.drafters.eagle_head import HeadRunner, additive_mask
-
-    target, head = qwen
-    torch.manual_seed(5)
-    d, n, m = head.config.hidden_size, 7, 3
-    embed = target.model.get_input_embeddings()
-    g, ids = torch.randn(n + m, d), torch.randint(0, target.vocab_size, (n + m,))
-    # n committed pairs, then m tree rows at one position: row 0 sees itself, rows 1-2 see row 0 and themselves
-    tree = torch.tensor([[1, 0, 0], [1, 1, 0], [1, 0, 1]], dtype=torch.bool)
-    visible = torch.cat([torch.cat([torch.tril(torch.ones(n, n, dtype=torch.bool)), torch.zeros(n, m, dtype=torch.bool)], 1),
-                         torch.cat([torch.ones(m, n, dtype=torch.bool), tree], 1)])
-    positions = torch.cat([torch.arange(n), torch.full((m,), n)])
-    with torch.no_grad():
-        expected = head(g[None], embed(ids)[None], additive_mask(visible[None], torch.float32), positions[None],
-                        DynamicCache())[0]
-    runner = HeadRunner(head, embed)
-    with torch.inference_mode():
-        runner.refresh()
-        last = runner.extend(g[:n], ids[:n])
-        closed = torch.finfo(torch.float32).min
-        rows = runner.draft(g[n:], ids[n:], n, n, torch.zeros(m, m).masked_fill_(~tree, closed))
-    assert torch.allclose(last, expected[n - 1], atol=1e-5)
-    assert torch.allclose(rows, expected[n:], atol=1e-5)
-    assert runner.length == n and runner.rows_extended == n and runner.rows_drafted == m
-
-
 def test_the_drafter_follows_changes_to_the_head_weights(qwen):
     """The runner's fused weights are copies; training (in-place updates) must not leave them stale."""
     target, _ = qwen
     head = random_eagle_head(target, DRAFT_VOCAB, seed=6)
     prompt = _prompt(seed=6)
     drafter = _begun(target, head, prompt)
-    before = drafter.propose(int(prompt[-1]), TreeBudget(10, 3, 3), SamplingConfig())
+    before = _propose(drafter, int(prompt[-1]), TreeBudget(10, 3, 3), SamplingConfig())
     with torch.no_grad():
         head.layer.mlp.gate_proj.weight.mul_(-1.0)
         head.layer.self_attn.q_proj.weight.mul_(3.0)
-    changed = drafter.propose(int(prompt[-1]), TreeBudget(10, 3, 3), SamplingConfig())
-    fresh = _begun(target, head, prompt).propose(int(prompt[-1]), TreeBudget(10, 3, 3), SamplingConfig())
+    changed = _propose(drafter, int(prompt[-1]), TreeBudget(10, 3, 3), SamplingConfig())
+    fresh = _propose(_begun(target, head, prompt), int(prompt[-1]), TreeBudget(10, 3, 3), SamplingConfig())
     assert torch.equal(changed.tokens, fresh.tokens) and torch.allclose(changed.scores, fresh.scores, atol=1e-5)
     assert not torch.allclose(before.scores, changed.scores)
 
 
-def test_spawn_shares_the_head_not_the_cache(qwen):
+def test_begin_starts_over_for_any_batch_size(qwen):
+    """One drafter serves every generate call: begin drops the previous rows, whatever their number."""
     target, head = qwen
-    prompt = _prompt(seed=7)
-    drafter = _begun(target, head, prompt)
-    twin = drafter.spawn()
-    assert twin.head is drafter.head and twin.default_budget == drafter.default_budget
+    prompts = [_prompt(n, seed=7 + n) for n in (6, 11, 9)]
+    drafter = _begun(target, head, *prompts)
+    drafter.propose([int(p[-1]) for p in prompts], TreeBudget(10, 3, 3), [3, 3, 3], SamplingConfig())
+    drafter.begin([prompts[1][:-1]], [_features(target, prompts[1][:-1])])
+    again = _propose(drafter, int(prompts[1][-1]), TreeBudget(10, 3, 3), SamplingConfig())
+    fresh = _propose(_begun(target, head, prompts[1]), int(prompts[1][-1]), TreeBudget(10, 3, 3), SamplingConfig())
+    assert torch.equal(again.tokens, fresh.tokens) and torch.equal(again.parents, fresh.parents)
+
+
+def test_a_drafter_needs_begin(qwen):
+    target, head = qwen
     with pytest.raises(RuntimeError, match="before begin"):
-        twin.propose(int(prompt[-1]), TreeBudget(4, 2, 2), SamplingConfig())
+        EagleDrafter(head, target).propose([1, 2], TreeBudget(4, 2, 2), [2, 2], SamplingConfig())
 
 
 def _reference_tree(target: TargetModel, head: EagleHead, prompt: torch.Tensor, budget: TreeBudget,
@@ -343,8 +331,120 @@ def test_drafts_match_the_hf_forward_reference_for_a_saved_head(qwen, tmp_path, 
     head.save_pretrained(tmp_path)
     loaded = EagleHead.from_pretrained(tmp_path)
     prompt = _prompt(seed=8)
-    tree = _begun(target, loaded, prompt).propose(int(prompt[-1]), budget, sampling)
+    tree = _propose(_begun(target, loaded, prompt), int(prompt[-1]), budget, sampling)
     with torch.no_grad():
         reference = _reference_tree(target, loaded, prompt, budget, sampling)
     assert torch.equal(tree.tokens, reference.tokens) and torch.equal(tree.parents, reference.parents)
     assert torch.allclose(tree.scores, reference.scores, atol=1e-5)
+
+
+# -- a batch: each row gets the tree it gets alone ---------------------------------------------------
+
+LENGTHS = [12, 5, 20]
+
+
+def _prompts(seed: int = 0) -> list[torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(3, 96, (n,), generator=g) for n in LENGTHS]
+
+
+def _batch_and_alone(target, head, prompts):
+    """One drafter begun on all prompts, and one per prompt begun on it alone (each a batch of one)."""
+    return _begun(target, head, *prompts), [_begun(target, head, p) for p in prompts]
+
+
+def _assert_same_trees(batched, alone):
+    for b, (mine, theirs) in enumerate(zip(batched, alone)):
+        assert torch.equal(mine.tokens, theirs.tokens), f"row {b}"
+        assert torch.equal(mine.parents, theirs.parents), f"row {b}"
+        assert torch.allclose(mine.scores, theirs.scores, atol=1e-4), f"row {b}"
+
+
+def _alone(drafter: EagleDrafter, root: int, budget: TreeBudget, depth: int, sampling: SamplingConfig) -> DraftTree:
+    return drafter.propose([root], budget, [depth], sampling)[0]
+
+
+@pytest.mark.parametrize("budget", [TreeBudget(60, 5, 10), TreeBudget(7, 3, 4), TreeBudget(1, 1, 1), TreeBudget(12, 6, 3)])
+@pytest.mark.parametrize("sampling", [SamplingConfig(), SamplingConfig(0.7, top_k=5, top_p=0.9)])
+def test_each_rows_tree_is_the_tree_it_gets_alone_over_several_steps(qwen, budget, sampling):
+    target, head = qwen
+    prompts = _prompts()
+    batch, singles = _batch_and_alone(target, head, prompts)
+    roots = [int(p[-1]) for p in prompts]
+    g = torch.Generator().manual_seed(1)
+    for step, depths in enumerate([[5, 5, 5], [2, 0, 5], [1, 3, 0]]):
+        batched = batch.propose(roots, budget, depths, sampling)
+        alone = [_alone(d, r, budget, depth, sampling) for d, r, depth in zip(singles, roots, depths)]
+        _assert_same_trees(batched, alone)
+        for tree, depth in zip(batched, depths):  # a row's depth cap holds, 0 meaning the root alone
+            assert int(tree.depths.max()) <= depth
+        # accept a random path per row; the same committed tokens and features go to both
+        tokens, features = [], []
+        for tree in alone:
+            node = int(torch.randint(len(tree), (1,), generator=g))
+            path = path_to(tree, node)
+            tokens.append(tree.tokens[path])
+            features.append(torch.randn(len(path), len(target.feature_layers), target.model.config.hidden_size,
+                                        generator=g))
+        for d, t, f in zip(singles, tokens, features):
+            d.commit([t], [f])
+        batch.commit(tokens, features)
+        roots = [int(torch.randint(3, 96, (1,), generator=g)) for _ in prompts]
+
+
+def test_rows_dropped_from_the_batch_leave_the_others_untouched(qwen):
+    target, head = qwen
+    prompts = _prompts(seed=2)
+    batch, singles = _batch_and_alone(target, head, prompts)
+    budget, greedy = TreeBudget(20, 4, 4), SamplingConfig()
+    roots = [int(p[-1]) for p in prompts]
+    first = batch.propose(roots, budget, [4, 4, 4], greedy)
+    tokens = [tree.tokens[path_to(tree, len(tree) - 1)] for tree in first]
+    features = [_features(target, t) for t in tokens]
+    for d, t, f in zip(singles, tokens, features):
+        _propose(d, int(t[0]), budget, greedy)
+        d.commit([t], [f])
+    batch.commit(tokens, features)
+    batch.keep_rows([2, 0])
+    _assert_same_trees(batch.propose([5, 9], budget, [4, 4], greedy),
+                       [_propose(singles[2], 5, budget, greedy), _propose(singles[0], 9, budget, greedy)])
+
+
+def test_all_rows_share_one_head_forward_per_depth(qwen):
+    target, head = qwen
+    batch, _ = _batch_and_alone(target, head, _prompts())
+    calls, before = [], batch.rows_drafted
+    _expanded_rows(batch, calls)
+    batch.propose([4, 5, 6], EAGLE2_BUDGET, [5, 5, 5], SamplingConfig())
+    # depths 2..5 each expand at most `branching` nodes per row, padded to the widest row
+    assert 0 < batch.rows_drafted - before <= 4 * 10 * len(LENGTHS)
+    assert 0 < len(calls) <= 4 and all(m <= 10 for m in calls)
+
+
+def test_a_one_token_prompt_beside_longer_ones(qwen):
+    """A row whose prompt has no committed pair yet (the engine's root is its only other token)."""
+    target, head = qwen
+    g = torch.Generator().manual_seed(4)
+    prompts = [torch.randint(3, 96, (n,), generator=g) for n in (2, 9)]
+    batch, singles = _batch_and_alone(target, head, prompts)
+    budget, greedy = TreeBudget(10, 3, 3), SamplingConfig()
+    roots = [int(p[-1]) for p in prompts]
+    _assert_same_trees(batch.propose(roots, budget, [3, 3], greedy), [_propose(d, r, budget, greedy) for d, r in zip(singles, roots)])
+
+
+BATCH_ROWS = [[5, 6, 7, 8, 9, 5, 6, 7, 8, 9, 5, 6], [11, 12, 13], [40, 41, 42, 43, 44, 45, 46, 47, 48, 49, 50, 51, 3], [7, 7]]
+
+
+@pytest.mark.parametrize("arch", ALL_ARCHITECTURES)
+def test_batched_eagle_decoding_equals_each_row_decoded_alone(arch):
+    model = tiny_model(arch)
+    target = TargetModel(model)
+    width = max(len(r) for r in BATCH_ROWS)
+    ids = torch.tensor([[0] * (width - len(r)) + r for r in BATCH_ROWS])
+    mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in BATCH_ROWS])
+    drafter = EagleDrafter(random_eagle_head(target, DRAFT_VOCAB), target, TreeBudget(12, 4, 3))
+    result = SpecDecoder(target, drafter=drafter).generate(ids, attention_mask=mask, max_new_tokens=12)
+    for row, prompt in enumerate(BATCH_ROWS):
+        alone = hf_greedy(model, prompt, 12)[0, len(prompt):].tolist()
+        assert result.sequences[row, width:].tolist()[: len(alone)] == alone, f"{arch} row {row}"
+    assert any(step.tree_size > 0 for step in result.stats.steps)

@@ -1,0 +1,80 @@
+"""HeadRunner (the drafter's inference forward) computes what EagleHead.forward (the training model)
+computes, tree masks included, for one row and for rows of different lengths in one batch."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import DynamicCache
+
+from moe_spec.drafters.eagle_head import additive_mask
+from moe_spec.drafters.head_runner import HeadRunner
+
+torch.set_num_threads(1)
+CLOSED = torch.finfo(torch.float32).min
+# m = 3 tree rows at one position: row 0 sees itself, rows 1-2 see row 0 and themselves
+TREE = torch.tensor([[1, 0, 0], [1, 1, 0], [1, 0, 1]], dtype=torch.bool)
+
+
+def _head_forward(head, embed, g: torch.Tensor, ids: torch.Tensor, n: int) -> torch.Tensor:
+    """[n + m, D] h of EagleHead.forward over n causal pairs, then the m tree rows of TREE at position n."""
+    m = TREE.shape[0]
+    visible = torch.cat([torch.cat([torch.tril(torch.ones(n, n, dtype=torch.bool)), torch.zeros(n, m, dtype=torch.bool)], 1),
+                         torch.cat([torch.ones(m, n, dtype=torch.bool), TREE], 1)])
+    positions = torch.cat([torch.arange(n), torch.full((m,), n)])
+    with torch.no_grad():
+        return head(g[None], embed(ids)[None], additive_mask(visible[None], torch.float32), positions[None],
+                    DynamicCache())[0]
+
+
+def _inputs(target, head, n: int, seed: int):
+    torch.manual_seed(seed)
+    m = TREE.shape[0]
+    return torch.randn(n + m, head.config.hidden_size), torch.randint(0, target.vocab_size, (n + m,))
+
+
+def test_runner_matches_the_head_forward(qwen):
+    target, head = qwen
+    embed = target.model.get_input_embeddings()
+    n, m = 7, TREE.shape[0]
+    g, ids = _inputs(target, head, n, seed=5)
+    expected = _head_forward(head, embed, g, ids, n)
+    runner = HeadRunner(head, embed)
+    with torch.inference_mode():
+        runner.refresh()
+        last = runner.extend([g[:n]], [ids[:n]])  # [1, D]
+        tree_mask = torch.cat([runner.prefix_mask([n])[:, None].expand(1, m, n),
+                               torch.zeros(m, m).masked_fill_(~TREE, CLOSED)[None]], dim=2)  # [1, m, n + m]
+        rows = runner.draft(g[None, n:], ids[None, n:], [n], tree_mask)  # [1, m, D]
+    assert torch.allclose(last[0], expected[n - 1], atol=1e-5)
+    assert torch.allclose(rows[0], expected[n:], atol=1e-5)
+    assert runner.lengths == [n] and runner.rows_extended == n and runner.rows_drafted == m
+
+
+@pytest.mark.parametrize("lengths", [[7, 3, 10], [6, 6]])
+def test_each_row_of_a_batch_matches_its_own_head_forward(qwen, lengths):
+    """Row b's pairs sit at its own columns, the tree rows of all rows at shared columns past the
+    longest prefix: per-row masks keep the gap hidden and the padding unread (rows of one length
+    take the unmasked path)."""
+    target, head = qwen
+    embed = target.model.get_input_embeddings()
+    m = TREE.shape[0]
+    inputs = [_inputs(target, head, n, seed=6 + b) for b, n in enumerate(lengths)]
+    expected = [_head_forward(head, embed, g, ids, n) for (g, ids), n in zip(inputs, lengths)]
+    runner = HeadRunner(head, embed, batch=len(lengths))
+    with torch.inference_mode():
+        runner.refresh()
+        # two uneven appends, so rows start the second one at different columns
+        runner.extend([g[: n - 2] for (g, _), n in zip(inputs, lengths)], [ids[: n - 2] for (_, ids), n in zip(inputs, lengths)])
+        last = runner.extend([g[n - 2: n] for (g, _), n in zip(inputs, lengths)],
+                             [ids[n - 2: n] for (_, ids), n in zip(inputs, lengths)])  # [B, D]
+        assert runner.lengths == lengths
+        tree = torch.zeros(m, m).masked_fill_(~TREE, CLOSED)
+        tree_mask = torch.cat([runner.prefix_mask(lengths)[:, None].expand(-1, m, -1),
+                               tree.expand(len(lengths), m, m)], dim=2)  # [B, m, max(lengths) + m]
+        rows = runner.draft(torch.stack([g[n:] for (g, _), n in zip(inputs, lengths)]),
+                            torch.stack([ids[n:] for (_, ids), n in zip(inputs, lengths)]), lengths, tree_mask)  # [B, m, D]
+    for b, n in enumerate(lengths):
+        assert torch.allclose(last[b], expected[b][n - 1], atol=1e-5), f"row {b}"
+        assert torch.allclose(rows[b], expected[b][n:], atol=1e-5), f"row {b}"
+    assert runner.rows_drafted == len(lengths) * m
