@@ -2,8 +2,8 @@
 
 The engine drafts every row of a batch in one call (`BatchDrafter`; a single prompt is a batch of
 one). A drafter that batches its own work (`EagleDrafter`: one head forward per tree depth for all
-rows) implements `BatchDrafter` through `for_batch`; a simpler per-sequence `Drafter` (the lookup
-drafter) runs one `spawn()`ed copy per row behind `PerRowDrafters`.
+rows) implements `BatchDrafter` itself; a simpler per-sequence `Drafter` (the lookup drafter) runs
+one `spawn()`ed copy per row behind `PerRowDrafters`.
 """
 
 from __future__ import annotations

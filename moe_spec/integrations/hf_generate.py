@@ -44,8 +44,8 @@ How `generate`'s settings are mapped:
   the prompt, and nothing that reaches this function tells that one was given, so it cannot be
   refused here: a `streamer=` gets the prompt and never `end()`;
 - a batch is given left-padded with its `attention_mask`, as for `generate`; rows decode together
-  in one verify pass per step (the drafter drafts them together when it has `for_batch`, as the EAGLE
-  drafter does, else one `spawn()`ed copy per row), and rows that finish
+  in one verify pass per step (a batched drafter such as `EagleDrafter` drafts them together, a per-sequence
+  one runs one `spawn()`ed copy per row), and rows that finish
   early are padded with the generation config's `pad_token_id` (else its first EOS id);
 - `return_dict_in_generate=True` -> `GenerateDecoderOnlyOutput(sequences=...)`; else the
   `[B, T_prompt + T_new]` sequences tensor.
