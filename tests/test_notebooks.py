@@ -13,6 +13,8 @@ from moe_spec.testing.tiny_models import tiny_model
 
 from moe_spec.testing.helpers import PLAIN_PROMPT, REPETITIVE_PROMPT
 
+pytestmark = pytest.mark.slow  # executes the notebooks
+
 ANALYSIS = Path(__file__).resolve().parent.parent / "analysis"
 QUICK_PROFILE = ["--max-new-tokens", "12", "--repeats", "2", "--warmup", "1", "--evict-mb", "0", "--threads", "1",
                  "--grid-tokens", "1,4,16", "--grid-experts", "2,4,8", "--natural-trees", "6", "--prefix-len", "16"]

@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.slow  # runs the README's commands, profiling included
+
 ROOT = Path(__file__).resolve().parent.parent
 BLOCK = re.compile(r"(<!-- skip-test: (?P<reason>[^>]*) -->\n)?```(?P<lang>python|bash)\n(?P<code>.*?)```", re.S)
 

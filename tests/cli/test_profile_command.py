@@ -28,6 +28,7 @@ def _args(*argv: str) -> argparse.Namespace:
     return parser.parse_args(list(argv))
 
 
+@pytest.mark.slow  # profiles a target
 def test_profile_command_end_to_end(tmp_path, model_dir, capsys):
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text("\n".join(json.dumps({"prompt": _TEXTS[i % 3] * 2}) for i in range(6)) + "\n")

@@ -17,6 +17,8 @@ from moe_spec.cli import train_draft as train_draft_command
 from moe_spec.training import train_draft
 from moe_spec.training.train_draft import DistillLoss, DraftTrainSettings, TokenData, draft_vocabulary
 
+pytestmark = pytest.mark.slow  # trains heads
+
 torch.set_num_threads(1)
 
 

@@ -15,6 +15,8 @@ from moe_spec.cli import train_target as train_target_command
 from moe_spec.training import train_target
 from moe_spec.training.corpus import heldout_prompts, is_excluded, is_heldout, load_corpus
 
+pytestmark = pytest.mark.slow  # trains targets
+
 
 def _train(out, *extra: str) -> dict:
     parser = argparse.ArgumentParser()
