@@ -50,11 +50,13 @@ from moe_spec.errors import InputError
 from moe_spec.profile.artifact import Profile
 from moe_spec.core.forest import StepForest
 from moe_spec.core.step_record import StepRecord
+from moe_spec.experiments.bounds import path_prefix_options, selection_ceiling
 from moe_spec.experiments.trace_file import Trace, TraceError
 from moe_spec.core.tree import DraftTree
 
 DRAFT_TIMES = ("scaled", "recorded", "zero")
 DEFAULT_POLICIES = (AR, "eagle2", STATIC_BEST, "truncate", "moe-aware", "moe-aware-noexperts")
+CEILING = "ceiling (bound)"  # the selection ceiling of `experiments/bounds.py`, replayed beside every policy
 
 
 def parse_policies(spec: str) -> list[str]:
@@ -209,10 +211,22 @@ def simulate(trace: Trace, profile: Profile, cost: CostModel, policies: Sequence
         grid = [results[n] for n in static_grid_names()]
         best = max(grid, key=lambda r: r.figures["tokens_per_s"])
         results[STATIC_BEST] = PolicyReplay(STATIC_BEST, best.steps, {**best.figures, "budget": best.name})
+    results[CEILING] = ceiling_replay(trace, cost, factor)
     baseline = results[AR].figures["tokens_per_s"]
     for result in results.values():
         result.figures["speedup_vs_ar"] = _round(result.figures["tokens_per_s"] / baseline) if baseline > 0 else None
-    return {name: results[name] for name in policies}  # `ar` is always replayed: it is the unit of speedup
+    # `ar` is always replayed (the unit of speedup), the selection ceiling always shown
+    return {name: results[name] for name in [*policies, CEILING]}
+
+
+def ceiling_replay(trace: Trace, cost: CostModel, factor: float) -> PolicyReplay:
+    """The selection ceiling: the best throughput any node selection could reach on these steps."""
+    options = [path_prefix_options(step, cost, step.draft_ms * factor, unique_experts) for step in trace.steps]
+    picks = selection_ceiling(options)
+    steps = [ReplayedStep(opts[i][2], opts[i][0], opts[i][1] - step.draft_ms * factor, step.draft_ms * factor,
+                          unique_experts(step, opts[i][2]))
+             for step, opts, i in zip(trace.steps, options, picks)]
+    return PolicyReplay(CEILING, steps, {**summarise(steps), "bound": "replay: verifies exactly the accepted path's best prefix"})
 
 
 def _round(value: float) -> float:

@@ -8,6 +8,7 @@ Figures are totals over the prompts, not means of per-prompt ratios:
 - `mean_accept_len`: tokens produced / (steps x rows they advanced) (the bonus token included, so `ar` is 1);
 - `verify_ms`, `draft_ms`: mean per step;
 - `draft_share`: drafting time / decode time (prefill excluded);
+- `plan_ms`, `plan_share`: the controller's planning time, mean per step and as a share of decode time;
 - `unique_experts_per_layer`: mean over verify passes of the distinct experts per MoE layer;
 - `expert_loads_per_token`: distinct experts summed over layers, per verify pass, summed over
   passes, divided by the tokens those passes produced.
@@ -21,7 +22,7 @@ from moe_spec.experiments.runner import Run
 from moe_spec.core.stats import GenerationStats
 
 METRICS = (
-    "tokens_per_s", "speedup_vs_ar", "mean_accept_len", "verify_ms", "draft_ms", "draft_share",
+    "tokens_per_s", "speedup_vs_ar", "mean_accept_len", "verify_ms", "draft_ms", "draft_share", "plan_ms", "plan_share",
     "unique_experts_per_layer", "expert_loads_per_token", "mean_tree_size", "new_tokens", "steps", "prompts", "repeats",
 )
 BASELINE = "ar"
@@ -35,6 +36,7 @@ def aggregate(stats: Sequence[GenerationStats]) -> dict:
     decode_ms = sum(g.decode_ms for g in stats)
     produced = sum(s.accepted_length for s in steps)
     draft_ms = sum(s.draft_ms for s in steps)
+    plan_ms = sum(s.plan_ms for s in steps)
     passes = [sum(s.unique_experts_per_layer) / len(s.unique_experts_per_layer) for s in steps if s.unique_experts_per_layer]
     loads = sum(sum(s.unique_experts_per_layer) for s in steps)
     n = len(steps)
@@ -46,6 +48,8 @@ def aggregate(stats: Sequence[GenerationStats]) -> dict:
         "verify_ms": _round(sum(s.verify_ms for s in steps) / n if n else 0.0),
         "draft_ms": _round(draft_ms / n if n else 0.0),
         "draft_share": _round(draft_ms / decode_ms if decode_ms > 0 else 0.0),
+        "plan_ms": _round(plan_ms / n if n else 0.0),
+        "plan_share": _round(plan_ms / decode_ms if decode_ms > 0 else 0.0),
         "unique_experts_per_layer": _round(sum(passes) / len(passes) if passes else 0.0),
         "expert_loads_per_token": _round(loads / produced if produced else 0.0),
         "mean_tree_size": _round(sum(s.tree_size for s in steps) / row_steps if row_steps else 0.0),
@@ -118,6 +122,7 @@ COLUMNS = (  # (header, key, format)
     ("verify ms", "verify_ms", "{:.2f}"),
     ("draft ms", "draft_ms", "{:.2f}"),
     ("draft %", "draft_share", "{:.1%}"),
+    ("plan %", "plan_share", "{:.1%}"),
     ("experts/layer", "unique_experts_per_layer", "{:.1f}"),
     ("loads/token", "expert_loads_per_token", "{:.1f}"),
 )

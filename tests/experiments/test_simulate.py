@@ -16,7 +16,7 @@ from moe_spec.measure.latency import TimingConfig
 from moe_spec.measure.profiler import ProfileSettings, build_profile
 from moe_spec.experiments.analytic_cost import DEVICES, ModelShapes, analytic_cost_model, scaled_expert_cost
 from moe_spec.policy.registry import METHODS
-from moe_spec.experiments.replay import check_greedy_trace, recorded_step, simulate, summarise, unique_experts
+from moe_spec.experiments.replay import CEILING, check_greedy_trace, recorded_step, simulate, summarise, unique_experts
 from moe_spec.experiments.trace_file import TraceError, read_trace
 from moe_spec.core.target import TargetModel
 from moe_spec.testing.tiny_models import tiny_model
@@ -119,6 +119,9 @@ def test_every_policy_verifies_a_connected_subtree_with_the_root(traced):
             assert all(int(step.tree().parents[node]) in keep for node in keep if node), name
             assert 1 <= replayed.tokens <= len(replayed.keep), name
     assert all(len(r.keep) <= 5 for r in replays["static:4"].steps)
+    ceiling = replays.pop(CEILING).figures["tokens_per_s"]
+    assert all(r.figures["tokens_per_s"] <= ceiling * (1 + 1e-9) for r in replays.values() if r.name != "ar"), \
+        "no policy beats the selection ceiling on a replay"
     assert replays["static-best"].figures["budget"].startswith("static:")
 
 
