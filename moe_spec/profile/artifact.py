@@ -163,8 +163,10 @@ class Profile:
         return self.cost_model.predict(tree, self.priced_experts(tree.tokens))
 
     def save(self, path: str | Path) -> Path:
-        """Write `path` (JSON) and its sidecar `path` with suffix `.npz`; returns the sidecar path."""
+        """Write `path` (JSON) and its sidecar `path` with suffix `.npz` (folders made as needed);
+        returns the sidecar path."""
         path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
         sidecar = path.with_suffix(".npz")
         arrays = self.expert_table.arrays() if self.expert_table is not None else {}
         clash = set(arrays) & set(self.arrays)

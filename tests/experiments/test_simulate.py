@@ -51,10 +51,10 @@ def traced(tmp_path_factory):
     argv = ["bench", "--model", str(folder / "model"), "--drafter", "lookup", "--prompts", str(folder / "prompts.jsonl"),
             "--methods", "ar,eagle2", "--profile", str(folder / "profile.json"), "--max-new-tokens", "24",
             "--warmup-tokens", "4", "--threads", "1", "--no-progress", "--json", str(folder / "bench.json"),
-            "--trace", str(folder / "trace.jsonl")]
+            "--trace", str(folder / "traces" / "trace.jsonl")]  # a folder that does not exist yet
     assert main(argv) == 0
     (folder / "priced.json").write_text(json.dumps(PRICED))
-    return folder, json.loads((folder / "bench.json").read_text()), read_trace(folder / "trace.jsonl")
+    return folder, json.loads((folder / "bench.json").read_text()), read_trace(folder / "traces" / "trace.jsonl")
 
 
 def test_the_trace_holds_a_header_and_every_verified_nodes_argmax_and_routing(traced):
@@ -62,7 +62,7 @@ def test_the_trace_holds_a_header_and_every_verified_nodes_argmax_and_routing(tr
     header = trace.header
     assert header["method"] == "eagle2" and header["budget"] == {"max_nodes": 60, "max_depth": 5, "branching": 10}
     assert header["reproduces_bench_run"] is True
-    assert header["target"]["model_type"] == "qwen3_moe" and (folder / header["profile"]).is_file()
+    assert header["target"]["model_type"] == "qwen3_moe" and (folder / "traces" / header["profile"]).is_file()
     assert bench["config"]["trace"]["steps"] == len(trace.steps) == bench["methods"]["eagle2"]["steps"]
     assert {s.rows[0] for s in trace.steps} == {0, 1, 2} == set(trace.classes)
     for step in trace.steps:
@@ -140,7 +140,7 @@ def test_dearer_experts_make_moe_aware_load_fewer(traced):
 def test_the_command_labels_every_output_as_a_simulation(traced, capsys):
     folder, _, _ = traced
     out = folder / "sim.json"
-    argv = ["simulate", "--trace", str(folder / "trace.jsonl"), "--cost-model", f"profile,{folder / 'priced.json'},"
+    argv = ["simulate", "--trace", str(folder / "traces" / "trace.jsonl"), "--cost-model", f"profile,{folder / 'priced.json'},"
             "analytic:pcie-offload", "--per-expert-scale", "1,4", "--json", str(out), "--plots", str(folder / "plots")]
     assert main(argv) == 0
     lines = capsys.readouterr().out.strip().splitlines()
