@@ -19,14 +19,16 @@ from __future__ import annotations
 import argparse
 import ast
 import bisect
+import hashlib
 import json
+import platform
 import random
 from dataclasses import dataclass
 from pathlib import Path
 
 
 from moe_spec.experiments.prompt_file import Prompt
-from moe_spec.training.corpus import Corpus, SourceFile, load_corpus
+from moe_spec.training.corpus import Corpus, SourceFile, is_excluded, load_corpus
 
 CLASSES = ("code", "prose", "copy", "random")
 MIN_TOKENS, MAX_TOKENS = 150, 300
@@ -206,6 +208,28 @@ def build_prompt_sets(
     return prompts
 
 
+def foreign_corpus(folders: list[str | Path]) -> Corpus:
+    """Every `.py` file (tests excluded) under `folders`, all of it held out: source the target never
+    trained on, e.g. installed third-party packages, for a prompt set nothing was tuned on."""
+    files = []
+    for folder in folders:
+        base = Path(folder)
+        if not base.is_dir():
+            raise ValueError(f"{base} is not a folder")
+        for path in sorted(base.rglob("*.py")):
+            rel = f"{base.name}/{path.relative_to(base).as_posix()}"
+            if is_excluded(rel):
+                continue
+            text = path.read_text(encoding="utf-8", errors="replace")
+            try:
+                ast.parse(text)
+            except SyntaxError:
+                continue
+            files.append(SourceFile(rel, text))
+    digest = hashlib.sha256("".join(f.path + "\0" + f.text for f in files).encode()).hexdigest()
+    return Corpus((), tuple(files), platform.python_version(), digest)
+
+
 def write_prompts(prompts: list[Prompt], path: str | Path) -> None:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -221,9 +245,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--per-class", type=int, default=8)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--classes", default=",".join(CLASSES))
+    parser.add_argument("--from", dest="folders", nargs="+", default=None, metavar="FOLDER",
+                        help="cut prompts from these source folders (all held out) instead of the corpus's held-out files")
     args = parser.parse_args(argv)
     tokenizer = AutoTokenizer.from_pretrained(args.tokenizer)
-    prompts = build_prompt_sets(tokenizer, args.per_class, args.seed, tuple(args.classes.split(",")))
+    corpus = foreign_corpus(args.folders) if args.folders else None
+    prompts = build_prompt_sets(tokenizer, args.per_class, args.seed, tuple(args.classes.split(",")), corpus)
     write_prompts(prompts, args.out)
     lengths = [p.meta["n_tokens"] for p in prompts]
     print(json.dumps({"out": args.out, "prompts": len(prompts), "min_tokens": min(lengths), "max_tokens": max(lengths)}))

@@ -194,3 +194,17 @@ def test_repeated_passes_add_up_and_keep_one_entry_per_prompt(tmp_path):
         p["methods"]["static:4"]["new_ids"] for p in reports[1]["per_prompt"]]
     assert main(["bench", "--model", str(tmp_path / "model"), "--prompts", str(tmp_path / "p.jsonl"), "--repeats", "0",
                  "--no-progress"]) == 2
+
+
+def test_a_foreign_corpus_holds_out_every_parsable_non_test_file(tmp_path):
+    from moe_spec.experiments.prompt_sets import foreign_corpus
+
+    package = tmp_path / "pkg"
+    (package / "tests").mkdir(parents=True)
+    (package / "core.py").write_text("def f():\n    return 1\n")
+    (package / "broken.py").write_text("def f(:\n")
+    (package / "tests" / "test_core.py").write_text("def test_f():\n    pass\n")
+    corpus = foreign_corpus([package])
+    assert corpus.train_files == () and [f.path for f in corpus.heldout_files] == ["pkg/core.py"]
+    with pytest.raises(ValueError, match="is not a folder"):
+        foreign_corpus([tmp_path / "missing"])
