@@ -8,6 +8,7 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 
 from moe_spec.core.architectures import SUPPORTED_ARCHITECTURES
+from moe_spec.integrations import megablocks_experts
 
 from moe_spec.errors import InputError
 
@@ -15,7 +16,7 @@ ASSETS = Path(__file__).parent / "assets"
 DEFAULT_TARGET = ASSETS / "default_target"
 DEFAULT_DRAFTER = ASSETS / "default_draft"
 
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 def load_target(
@@ -23,19 +24,26 @@ def load_target(
     dtype: str = "float32",
     experts_implementation: str | None = "grouped_mm",
     attn_implementation: str | None = None,
+    device: str | None = None,
 ) -> PreTrainedModel:
-    """A causal LM from a local folder (default: the embedded target), in eval mode.
+    """A causal LM from a local folder (default: the embedded target), in eval mode, on `device`
+    (None or "cpu": the CPU; else loaded straight onto that device, e.g. "cuda").
 
     fp32 compute is the default because it ran faster than bf16 at the embedded model's shapes
-    on this CPU; `experts_implementation` is not saved in config.json, so it is chosen here.
+    on this CPU; `experts_implementation` is not saved in config.json, so it is chosen here
+    (transformers' own, or "megablocks" where that package is installed).
     """
     folder = model_folder(path)
-    if dtype not in _DTYPES:
-        raise InputError(f"dtype must be one of {sorted(_DTYPES)}, got {dtype!r}")
+    if dtype not in DTYPES:
+        raise InputError(f"dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
     if attn_implementation is None:
         spec = SUPPORTED_ARCHITECTURES.get(AutoConfig.from_pretrained(folder).model_type)
         attn_implementation = "eager" if spec is not None and spec.needs_eager_attention else "sdpa"
-    kwargs = {"dtype": _DTYPES[dtype], "attn_implementation": attn_implementation}
+    kwargs = {"dtype": DTYPES[dtype], "attn_implementation": attn_implementation}
+    if device is not None and torch.device(device).type != "cpu":
+        kwargs["device_map"] = device
+    if experts_implementation == megablocks_experts.NAME:
+        megablocks_experts.register()  # transformers' ExpertsInterface knows it from here on
     model = AutoModelForCausalLM.from_pretrained(folder, **kwargs)
     if experts_implementation is not None and _has_experts(model):
         model.set_experts_implementation(experts_implementation)

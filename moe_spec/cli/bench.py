@@ -52,7 +52,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="per method, before timing; 0: no warm-up")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's own choice)")
     parser.add_argument("--dtype", default="float32")
-    parser.add_argument("--experts-implementation", default="grouped_mm")
+    parser.add_argument("--experts-implementation", default="grouped_mm",
+                        help="transformers' (grouped_mm, batched_mm, eager) or megablocks where installed")
+    parser.add_argument("--device", default="cpu", help="where the target and the draft head run (e.g. cuda)")
     parser.add_argument("--json", dest="json_out", default=None, help="write the full report here")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     parser.add_argument("--trace", default=None, metavar="OUT",
@@ -71,7 +73,8 @@ def run(args: argparse.Namespace) -> dict:
     if args.threads is not None:
         torch.set_num_threads(args.threads)
 
-    model = load_target(args.model, dtype=args.dtype, experts_implementation=args.experts_implementation)
+    model = load_target(args.model, dtype=args.dtype, experts_implementation=args.experts_implementation,
+                        device=args.device)
     tokenizer = load_tokenizer(args.model)
     input_ids = [p.input_ids(tokenizer) for p in prompts]
     target = TargetModel(model)
@@ -154,6 +157,7 @@ def _config(args: argparse.Namespace, model, names: list[str], settings: RunSett
         "repeats": settings.repeats,
         "dtype": args.dtype,
         "experts_implementation": args.experts_implementation,
+        "device": str(model.device),
         "attn_implementation": getattr(model.config, "_attn_implementation", None),
         "threads": torch.get_num_threads(),
         "versions": {
@@ -172,7 +176,8 @@ def _command_line(args: argparse.Namespace) -> str:
                         ("--methods", args.methods), ("--max-new-tokens", args.max_new_tokens),
                         ("--temperature", args.temperature), ("--seed", args.seed), ("--limit", args.limit),
                         ("--warmup-tokens", args.warmup_tokens), ("--threads", args.threads), ("--dtype", args.dtype),
-                        ("--experts-implementation", args.experts_implementation), ("--json", args.json_out),
+                        ("--experts-implementation", args.experts_implementation), ("--device", args.device),
+                        ("--json", args.json_out),
                         ("--trace", args.trace)):
         if value is not None:
             parts += [flag, str(value)]

@@ -20,6 +20,7 @@ COMMANDS = {
     "train-target": ("moe_spec.cli.train_target", "train the embedded default MoE target"),
     "train-draft": ("moe_spec.cli.train_draft", "train an EAGLE-style draft head for a target"),
     "make-tiny": ("moe_spec.cli.make_tiny", "save a tiny random model of a supported architecture"),
+    "make-random": ("moe_spec.cli.make_random", "save a random MoE with a real model's shapes (e.g. OLMoE-1B-7B)"),
     "simulate": ("moe_spec.cli.simulate", "replay a bench trace under another cost model (a simulation)"),
 }
 

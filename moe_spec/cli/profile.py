@@ -45,7 +45,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--plots", type=Path, default=None, help="folder for PNG figures")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's setting)")
     parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"))
-    parser.add_argument("--experts-implementation", default="grouped_mm")
+    parser.add_argument("--experts-implementation", default="grouped_mm",
+                        help="transformers' (grouped_mm, batched_mm, eager) or megablocks where installed")
+    parser.add_argument("--device", default="cpu", help="where the target runs (e.g. cuda)")
     parser.add_argument("--evict-mb", type=int, default=TIMING["evict_mb"],
                         help="buffer written before each timed run (0: warm caches)")
     parser.add_argument(
@@ -84,7 +86,7 @@ def run(args: argparse.Namespace) -> dict:
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     model_dir = model_folder(args.model)
-    target = TargetModel(load_target(model_dir, args.dtype, args.experts_implementation))
+    target = TargetModel(load_target(model_dir, args.dtype, args.experts_implementation, device=args.device))
     tokenizer = load_tokenizer(model_dir)
     drafter = load_drafter(args.drafter, target)
     drafter_description = args.drafter

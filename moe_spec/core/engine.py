@@ -152,9 +152,11 @@ class SpecDecoder:
                  drafter: BatchDrafter | None, budget: TreeBudget) -> _Batch:
         ids, mask, positions, valid = prefill_inputs(prompts, pad)
         out = self.target.forward_tree(cache, ids, mask, positions)
+        # the first roots reach Python here: sampled on the host, where the caller's generator lives
+        last = out.logits[:, -1].cpu()  # [B, V]
         rows = []
         for b, prompt in enumerate(prompts):
-            root = sample(probabilities(out.logits[b, -1], sampling), generator)
+            root = sample(probabilities(last[b], sampling), generator)
             rows.append(_Row(b, prompt, root, [root]))
         if drafter is not None:
             drafter.begin(prompts, [out.features[b, valid[b].to(out.features.device)] for b in range(len(prompts))])
@@ -183,8 +185,9 @@ class SpecDecoder:
         lengths = batch.valid.sum(1)  # [B]
         ids, tree_mask, positions = step_inputs(forest, lengths)
         out = self.target.forward_tree(cache, ids, tree_mask, positions, prefix_valid=batch.valid)
+        self.target.synchronize()  # an asynchronous device has only queued the pass so far
         t3 = time.perf_counter()
-        # 4) acceptance, row by row
+        # 4) acceptance, row by row, on the host: the logits reach Python here, once per step
         logits = out.logits.cpu()  # [B, W, V]
         acceptances = tuple(accept(tree, logits[b, : len(tree)], sampling, generator) for b, tree in enumerate(forest))
         # 5) the cache keeps each row's committed columns plus its accepted path; the drafter learns them

@@ -129,7 +129,8 @@ class RoutingRecorder(RouterHooks):
 
         def hook(module, inputs, output):
             topk_indices = output[2]  # [T, K]
-            records.append(topk_indices.detach().reshape(-1, topk_indices.shape[-1]).to("cpu"))
+            # kept on the router's device: a copy to the host here would wait for every layer in turn
+            records.append(topk_indices.detach().reshape(-1, topk_indices.shape[-1]))
 
         return hook
 
@@ -138,8 +139,8 @@ class RoutingRecorder(RouterHooks):
         if not self._routers:
             return empty_routing()
         per_layer = [torch.cat(self._records[r.layer], dim=0) for r in self._routers]
-        return Routing(
-            layers=tuple(r.layer for r in self._routers),
-            num_experts=self._routers[0].num_experts,
-            experts=torch.stack(per_layer).long(),
-        )
+        device = per_layer[0].device  # layers may sit on several devices (a dispatched model)
+        # routing reaches Python here (controllers, statistics, traces read it): one copy to the host
+        experts = torch.stack([layer.to(device) for layer in per_layer]).long().cpu()
+        return Routing(layers=tuple(r.layer for r in self._routers), num_experts=self._routers[0].num_experts,
+                       experts=experts)

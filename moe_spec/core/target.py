@@ -34,6 +34,13 @@ def default_feature_layers(num_layers: int) -> tuple[int, ...]:
     return tuple(sorted({min(2, num_layers), max(num_layers // 2, 1), num_layers}))
 
 
+def synchronize(device: torch.device) -> None:
+    """Wait until `device` has run everything queued on it, so that a host clock read next covers that
+    work (CUDA and other accelerators run kernels asynchronously); a no-op on the CPU."""
+    if device.type not in ("cpu", "meta"):
+        torch.accelerator.synchronize(device)
+
+
 class TargetModel:
     """A transformers causal LM seen through the one operation speculative decoding needs."""
 
@@ -68,6 +75,10 @@ class TargetModel:
     def dtype(self) -> torch.dtype:
         return self.model.dtype
 
+    def synchronize(self) -> None:
+        """Wait for the work queued on the model's device (see `synchronize`)."""
+        synchronize(self.device)
+
     @property
     def is_moe(self) -> bool:
         return bool(self.routers)
@@ -96,6 +107,8 @@ class TargetModel:
         position_ids: torch.Tensor,  # [B, N] long
         prefix_valid: torch.Tensor | None = None,  # [B, P] bool: cached positions a row may see
     ) -> TargetOutput:
+        # The mask is built on the host from the host-side layout (valid columns, tree mask,
+        # positions: small tensors the engine keeps on the CPU) and moved to the device once.
         batch, n = input_ids.shape
         prefix_len = cache.get_seq_length()
         if prefix_valid is None:

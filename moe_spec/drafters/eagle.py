@@ -191,7 +191,7 @@ class EagleDrafter:
                 live = ranked > NEG_INF
             if min(caps) < depth:
                 live &= depth_of_row >= depth
-            counts = live.sum(1).tolist()  # live nodes come first in every row
+            counts = live.sum(1).tolist()  # live nodes come first in every row; the counts reach Python (loop bounds)
             m = max(counts)
             if m == 0:
                 break
@@ -230,6 +230,7 @@ def rerank(root_token: int, d2t: torch.Tensor, ids: torch.Tensor, parents: torch
     best = best[scores[best] > NEG_INF].sort().values  # [K]
     kept = torch.cat([best.new_zeros(1), best + 1])  # node indices, root first, ascending
     new_parents = torch.searchsorted(kept, parents[best])  # closed under parents: every one is found
+    # a DraftTree is a host value (the engine, controllers and acceptance read it in Python): moved here
     return DraftTree(
         torch.cat([torch.tensor([root_token]), d2t[ids[best]].cpu()]),
         torch.cat([torch.tensor([-1]), new_parents.cpu()]),

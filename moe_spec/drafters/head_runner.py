@@ -213,7 +213,7 @@ class HeadRunner:
         else:
             x = self._input(nn.utils.rnn.pad_sequence(g, batch_first=True).flatten(0, 1),
                             nn.utils.rnn.pad_sequence(token_ids, batch_first=True).flatten())  # [B*A, D]
-            columns = (torch.tensor(starts)[:, None] + torch.arange(a)).to(self.device)  # [B, A]
+            columns = torch.tensor(starts, device=self.device)[:, None] + torch.arange(a, device=self.device)  # [B, A]
             q, k, v = self._qkv(x, b, cos[columns], sin[columns])  # [B, H, A, hd]
             rows = torch.arange(b, device=self.device)
             # advanced indices around a slice put their dims first: the target view is [B, A, H, hd]

@@ -21,7 +21,7 @@ import torch
 from moe_spec.core.drafting import BatchDrafter, Drafter, TreeBudget, batch_drafter
 from moe_spec.measure.forced_routing import ForcedRouting, feasible, forced_assignment
 from moe_spec.core.sampling import SamplingConfig
-from moe_spec.core.target import TargetModel
+from moe_spec.core.target import TargetModel, synchronize
 from moe_spec.core.tree import DraftTree, ancestor_mask
 
 
@@ -40,14 +40,17 @@ class TimingConfig:
 
 
 class CacheEvictor:
-    """Writes a large buffer to push the model's weights out of the CPU caches."""
+    """Writes a large buffer to push the model's weights out of the caches of `device` (the CPU's
+    caches, or a GPU's L2 when the model runs there), and waits for the write before a timing starts."""
 
-    def __init__(self, megabytes: int):
-        self._buffer = torch.zeros(megabytes * 2**20, dtype=torch.uint8) if megabytes > 0 else None
+    def __init__(self, megabytes: int, device: torch.device | str = "cpu"):
+        self._device = torch.device(device)
+        self._buffer = torch.zeros(megabytes * 2**20, dtype=torch.uint8, device=self._device) if megabytes > 0 else None
 
     def __call__(self) -> None:
         if self._buffer is not None:
             self._buffer.add_(1)
+            synchronize(self._device)
 
 
 @dataclass(frozen=True)
@@ -116,6 +119,8 @@ def verify_run(
     """One verify pass of `tree` on top of `cache`, cut back to the prefix afterwards; returns U per layer."""
     prefix_len = cache.get_seq_length()
     mask, position_ids = ancestor_mask(tree)[None], (prefix_len + tree.depths)[None]
+    if forced is not None:
+        forced = forced.to(target.device)  # once, outside the timed run (the routers' hooks then copy nothing)
 
     def run() -> tuple[int, ...]:
         if forced is None:
@@ -123,6 +128,7 @@ def verify_run(
         else:
             with ForcedRouting(target.model, forced):
                 out = target.forward_tree(cache, tree.tokens[None], mask, position_ids)
+        target.synchronize()
         cache.crop(prefix_len - cache.get_seq_length())
         return tuple(out.routing.unique_per_layer())
 
@@ -149,6 +155,7 @@ def batched_verify_run(target: TargetModel, cache, trees: Sequence[DraftTree]) -
 
     def run() -> tuple[int, ...]:
         out = target.forward_tree(cache, ids, mask, positions)
+        target.synchronize()
         cache.crop(prefix_len - cache.get_seq_length())
         return tuple(out.routing.unique_per_layer())
 

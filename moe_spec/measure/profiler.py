@@ -279,7 +279,8 @@ def _sweep(target: TargetModel, decoded: Decoded, settings: ProfileSettings, gen
                batched_verify_run(target, caches[forest.rows], list(forest)))
               for forest, split in batched]
     tick = progress(f"timing {len(plans)} verify passes (repeats)", settings.timing.repeats)
-    timings = time_round_robin([run for _, run in plans], settings.timing, CacheEvictor(settings.timing.evict_mb), tick)
+    evictor = CacheEvictor(settings.timing.evict_mb, target.device)
+    timings = time_round_robin([run for _, run in plans], settings.timing, evictor, tick)
     passes = tuple(make(timing) for (make, _), timing in zip(plans, timings))
     for timed, timing in zip(passes, timings):
         if timed.kind == "grid" and target.is_moe and set(timing.unique_experts) != set(timed.unique_experts):
