@@ -156,12 +156,13 @@ run_step() {  # run_step NAME LIMIT_S: step_NAME under `timeout`, its output in 
 }
 
 START=$(date +%s)
-run_step env 30
-run_step tests 140
+# the limits add up to 480 s
+run_step env 15
+run_step tests 130
 run_step real_shape 160
 run_step embedded_profile 70
-run_step embedded_bench 60
-run_step simulate 20
+run_step embedded_bench 90
+run_step simulate 15
 
 "$PYTHON" - "$OUT" "$TINY" "$(( $(date +%s) - START ))" <<'PY'
 import json, sys
