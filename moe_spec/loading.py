@@ -8,7 +8,7 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 
 from moe_spec.core.architectures import SUPPORTED_ARCHITECTURES
-from moe_spec.integrations import megablocks_experts
+from moe_spec.core import megablocks_experts
 
 from moe_spec.errors import InputError
 

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from moe_spec.errors import InputError
-from moe_spec.integrations import megablocks_experts
+from moe_spec.core import megablocks_experts
 from moe_spec.testing.tiny_models import tiny_model
 
 HAVE_MEGABLOCKS = importlib.util.find_spec("megablocks") is not None
