@@ -124,10 +124,6 @@ class StepForest:
             out[row].append(int(node) - int(self.offsets[row]))
         return out
 
-    def pass_slot(self, row: int, node: int) -> int:
-        """Position of row `row`'s node `node` among the pass's B x width tokens (row-major)."""
-        return row * self.width + node
-
     def subforest(self, keeps: Sequence[Sequence[int]]) -> "StepForest":
         """Each row's tree restricted to its `keeps[b]` (root included, closed under parents)."""
         return StepForest(tuple(tree.subtree(keep) for tree, keep in zip(self.trees, keeps)))

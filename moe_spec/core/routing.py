@@ -54,12 +54,6 @@ class Routing:
     def num_tokens(self) -> int:
         return int(self.experts.shape[1]) if self.experts.numel() else 0
 
-    def select(self, token_index: torch.Tensor) -> "Routing":
-        """Routing restricted to some tokens (e.g. one row's nodes). token_index: [T'] long."""
-        if not self.layers:  # dense model: nothing recorded
-            return self
-        return Routing(self.layers, self.num_experts, self.experts[:, token_index])
-
     def unique_per_layer(self) -> list[int]:
         """Distinct experts each MoE layer activated over these tokens."""
         return [int(torch.unique(layer).numel()) for layer in self.experts]

@@ -138,21 +138,28 @@ class TraceWriter:
     def __exit__(self, *exc_info) -> None:
         self._file.close()
 
-    def observer(self, prompt_index: int, prompt_class: str):
+    def observer(self, prompt_index: int, prompt_class: str) -> "_PromptObserver":
         """A `SpecDecoder` observer writing the steps of one prompt's generation."""
-        counter = itertools.count()
+        return _PromptObserver(self, prompt_index, prompt_class)
 
-        writer = self
+    def write(self, line: dict) -> None:
+        self._file.write(json.dumps(line) + "\n")
+        self.steps += 1
 
-        class Observer(DecodeObserver):
-            def on_step(self, record: StepRecord) -> None:
-                for b in range(record.batch):
-                    line = step_to_json(record.row(b), prompt_class, next(counter))
-                    line["prompt"] = prompt_index
-                    writer._file.write(json.dumps(line) + "\n")
-                    writer.steps += 1
 
-        return Observer()
+class _PromptObserver(DecodeObserver):
+    """Writes each step of one prompt's generation (decoded alone, so every record has one row,
+    whose caller index 0 becomes the prompt's index in the file)."""
+
+    def __init__(self, writer: TraceWriter, prompt_index: int, prompt_class: str):
+        self.writer, self.prompt_index, self.prompt_class = writer, prompt_index, prompt_class
+        self.counter = itertools.count()
+
+    def on_step(self, record: StepRecord) -> None:
+        for b in range(record.batch):
+            line = step_to_json(record.row(b), self.prompt_class, next(self.counter))
+            line["prompt"] = self.prompt_index
+            self.writer.write(line)
 
 
 def record_bench_trace(

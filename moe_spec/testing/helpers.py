@@ -14,9 +14,47 @@ PLAIN_PROMPT = [11, 42, 7, 63, 20, 3, 88, 15, 31, 54]
 
 
 def hf_greedy(model, prompt: list[int], max_new_tokens: int) -> torch.Tensor:
-    """transformers' own greedy decoding; it stops at the model's EOS, as SpecDecoder does by default."""
-    ids = torch.tensor([prompt])
-    return model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=max_new_tokens, pad_token_id=0)
+    """transformers' own greedy decoding on the model's device, returned on the host; it stops at
+    the model's EOS, as SpecDecoder does by default."""
+    ids = torch.tensor([prompt], device=model.device)
+    out = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=max_new_tokens,
+                         pad_token_id=0)
+    return out.cpu()
+
+
+def exact_distribution_of_tokens_2_and_3(model, prompt: list[int], vocab: int, config) -> torch.Tensor:
+    """[V, V] P(x2, x3 | prompt) = sum over x1 of P(x1) P(x2 | x1) P(x3 | x1, x2), by enumeration
+    (forwards on the model's device, probabilities on the host; `config`: a `SamplingConfig`)."""
+    from moe_spec.core.sampling import probabilities
+
+    def next_probs(tokens):
+        logits = model(torch.tensor([prompt + tokens], device=model.device)).logits[0, -1]
+        return probabilities(logits.cpu(), config)
+
+    joint = torch.zeros(vocab, vocab)
+    with torch.no_grad():
+        p1 = next_probs([])
+        for x1 in range(vocab):
+            p2 = next_probs([x1])
+            for x2 in range(vocab):
+                joint[x2] += p1[x1] * p2[x2] * next_probs([x1, x2])
+    return joint
+
+
+def assert_follows(counts: torch.Tensor, exact: torch.Tensor) -> None:
+    """Chi-square of sampled pair counts against exact pair probabilities (rare cells merged so every
+    expected count is >= 5); never a pair the target gives zero probability."""
+    from scipy.stats import chisquare
+
+    assert counts[exact == 0].sum() == 0, "sampled a pair the target gives zero probability"
+    support = exact > 0
+    expected = exact[support] / exact[support].sum() * counts.sum()
+    observed = counts[support]
+    rare = expected < 5
+    observed = torch.cat([observed[~rare], observed[rare].sum(0, keepdim=True)])
+    expected = torch.cat([expected[~rare], expected[rare].sum(0, keepdim=True)])
+    keep = expected > 0
+    assert chisquare(observed[keep].numpy(), expected[keep].numpy()).pvalue > 1e-3
 
 
 def random_eagle_head(target, draft_vocab: int = 64, seed: int = 0):

@@ -2,10 +2,10 @@
 
 import pytest
 import torch
-from scipy.stats import chisquare
 
 from moe_spec import SpecDecoder, TreeBudget
-from moe_spec.core.sampling import SamplingConfig, probabilities
+from moe_spec.core.sampling import SamplingConfig
+from moe_spec.testing.helpers import assert_follows, exact_distribution_of_tokens_2_and_3
 from moe_spec.testing.tiny_models import tiny_model
 from moe_spec.core.tree import DraftTree
 
@@ -37,36 +37,6 @@ class FullTreeDrafter:
         return DraftTree.from_lists(tokens, parents)
 
 
-def _assert_follows(counts: torch.Tensor, exact: torch.Tensor) -> None:
-    """Chi-square of sampled pair counts against exact pair probabilities (rare cells merged so every
-    expected count is >= 5); never a pair the target gives zero probability."""
-    assert counts[exact == 0].sum() == 0, "sampled a pair the target gives zero probability"
-    support = exact > 0
-    expected = exact[support] / exact[support].sum() * counts.sum()
-    observed = counts[support]
-    rare = expected < 5
-    observed = torch.cat([observed[~rare], observed[rare].sum(0, keepdim=True)])
-    expected = torch.cat([expected[~rare], expected[rare].sum(0, keepdim=True)])
-    keep = expected > 0
-    assert chisquare(observed[keep].numpy(), expected[keep].numpy()).pvalue > 1e-3
-
-
-def _exact_distribution_of_tokens_2_and_3(model, config):
-    """P(x2, x3 | prompt) = sum over x1 of P(x1) P(x2 | x1) P(x3 | x1, x2), by enumeration."""
-
-    def next_probs(tokens):
-        return probabilities(model(torch.tensor([PROMPT + tokens])).logits[0, -1], config)
-
-    joint = torch.zeros(VOCAB, VOCAB)
-    with torch.no_grad():
-        p1 = next_probs([])
-        for x1 in range(VOCAB):
-            p2 = next_probs([x1])
-            for x2 in range(VOCAB):
-                joint[x2] += p1[x1] * p2[x2] * next_probs([x1, x2])
-    return joint
-
-
 @pytest.mark.parametrize("arch", ["qwen3_moe", "gpt_oss"])
 @pytest.mark.parametrize(
     "config", [SamplingConfig(1.0), SamplingConfig(0.9, top_k=4), SamplingConfig(1.0, top_p=0.8)], ids=["t1", "topk", "topp"]
@@ -90,7 +60,7 @@ def test_tokens_sampled_through_sibling_trees_follow_the_target(arch, config):
         _x1, x2, x3, _x4 = result.sequences[0, len(PROMPT):].tolist()
         counts[x2, x3] += 1
     assert tree_steps_accepting_two > samples // 2
-    _assert_follows(counts, _exact_distribution_of_tokens_2_and_3(model, config))
+    assert_follows(counts, exact_distribution_of_tokens_2_and_3(model, PROMPT, VOCAB, config))
 
 
 @pytest.mark.parametrize("policy", ["static", "moe-aware"])
@@ -121,7 +91,7 @@ def test_sampling_stays_exact_under_controller_policies(policy):
                                   generator=generator)
         _x1, x2, x3, _x4 = result.sequences[0, len(PROMPT):].tolist()
         counts[x2, x3] += 1
-    _assert_follows(counts, _exact_distribution_of_tokens_2_and_3(model, config))
+    assert_follows(counts, exact_distribution_of_tokens_2_and_3(model, PROMPT, VOCAB, config))
 
 
 def test_sampling_in_a_batch_keeps_each_rows_distribution():
@@ -143,7 +113,7 @@ def test_sampling_in_a_batch_keeps_each_rows_distribution():
                                   generator=generator)
         _x1, x2, x3, _x4 = result.sequences[0, len(PROMPT):].tolist()
         counts[x2, x3] += 1
-    _assert_follows(counts, _exact_distribution_of_tokens_2_and_3(model, SamplingConfig(1.0)))
+    assert_follows(counts, exact_distribution_of_tokens_2_and_3(model, PROMPT, VOCAB, SamplingConfig(1.0)))
 
 
 def test_batched_eagle_drafts_keep_each_rows_distribution():
@@ -167,4 +137,4 @@ def test_batched_eagle_drafts_keep_each_rows_distribution():
         _x1, x2, x3, _x4 = result.sequences[0, len(PROMPT):].tolist()
         counts[x2, x3] += 1
     assert sum(s.tree_size for s in result.stats.steps) > 0
-    _assert_follows(counts, _exact_distribution_of_tokens_2_and_3(model, SamplingConfig(1.0)))
+    assert_follows(counts, exact_distribution_of_tokens_2_and_3(model, PROMPT, VOCAB, SamplingConfig(1.0)))

@@ -11,13 +11,14 @@ import os
 
 import pytest
 import torch
-from scipy.stats import chisquare
 
 from moe_spec import LookupDrafter, SpecDecoder, TreeBudget
-from moe_spec.core.sampling import SamplingConfig, probabilities
+from moe_spec.core.sampling import SamplingConfig
 from moe_spec.core.target import TargetModel
 from moe_spec.drafters.eagle import EagleDrafter
-from moe_spec.testing.helpers import PLAIN_PROMPT, REPETITIVE_PROMPT, random_eagle_head
+from moe_spec.testing.helpers import (
+    PLAIN_PROMPT, REPETITIVE_PROMPT, assert_follows, exact_distribution_of_tokens_2_and_3, hf_greedy, random_eagle_head,
+)
 from moe_spec.testing.tiny_models import tiny_model
 
 ARCHITECTURES = ("qwen3_moe", "mixtral", "gpt_oss")
@@ -37,13 +38,6 @@ def _on(device: str, model):
     return model.to(device)
 
 
-def _hf_greedy(model, prompt: list[int], max_new_tokens: int) -> torch.Tensor:
-    ids = torch.tensor([prompt], device=model.device)
-    out = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=max_new_tokens,
-                         pad_token_id=0)
-    return out.cpu()
-
-
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("arch", ARCHITECTURES)
 def test_greedy_tree_decoding_equals_hf_greedy_on_the_device(arch, device):
@@ -53,27 +47,10 @@ def test_greedy_tree_decoding_equals_hf_greedy_on_the_device(arch, device):
     for name, drafter in drafters.items():
         decoder = SpecDecoder(target, drafter=drafter)
         for prompt in (REPETITIVE_PROMPT, PLAIN_PROMPT):
-            expected = _hf_greedy(model, prompt, NEW_TOKENS)
+            expected = hf_greedy(model, prompt, NEW_TOKENS)
             result = decoder.generate(torch.tensor([prompt]), max_new_tokens=NEW_TOKENS)
             assert torch.equal(result.sequences, expected), f"{arch} on {device}, {name} drafter, prompt {prompt[:4]}..."
             assert sum(s.tree_size for s in result.stats.steps) > 0, "trees were verified"
-
-
-def _exact_distribution_of_tokens_2_and_3(model, config: SamplingConfig) -> torch.Tensor:
-    """P(x2, x3 | prompt) = sum over x1 of P(x1) P(x2 | x1) P(x3 | x1, x2), by enumeration (on the host)."""
-
-    def next_probs(tokens):
-        logits = model(torch.tensor([PROMPT + tokens], device=model.device)).logits[0, -1]
-        return probabilities(logits.cpu(), config)
-
-    joint = torch.zeros(VOCAB, VOCAB)
-    with torch.no_grad():
-        p1 = next_probs([])
-        for x1 in range(VOCAB):
-            p2 = next_probs([x1])
-            for x2 in range(VOCAB):
-                joint[x2] += p1[x1] * p2[x2] * next_probs([x1, x2])
-    return joint
 
 
 @pytest.mark.parametrize("device", [pytest.param("cpu", marks=pytest.mark.slow), CUDA])
@@ -98,13 +75,4 @@ def test_tokens_sampled_through_eagle_trees_follow_the_target_on_the_device(arch
         counts[x2, x3] += 1
         drafted += sum(s.tree_size for s in result.stats.steps)
     assert drafted > 0
-    exact = _exact_distribution_of_tokens_2_and_3(model, config)
-    assert counts[exact == 0].sum() == 0, "sampled a pair the target gives zero probability"
-    support = exact > 0
-    expected = exact[support] / exact[support].sum() * counts.sum()
-    observed = counts[support]
-    rare = expected < 5  # merged, so that every expected count is >= 5
-    observed = torch.cat([observed[~rare], observed[rare].sum(0, keepdim=True)])
-    expected = torch.cat([expected[~rare], expected[rare].sum(0, keepdim=True)])
-    keep = expected > 0
-    assert chisquare(observed[keep].numpy(), expected[keep].numpy()).pvalue > 1e-3
+    assert_follows(counts, exact_distribution_of_tokens_2_and_3(model, PROMPT, VOCAB, config))
