@@ -20,6 +20,7 @@ from tqdm.auto import tqdm
 
 from moe_spec.policy.registry import Method
 from moe_spec.core.engine import SpecDecoder
+from moe_spec.core.sampling import SamplingConfig
 from moe_spec.errors import InputError
 from moe_spec.core.stats import GenerationStats
 from moe_spec.core.target import TargetModel
@@ -33,12 +34,13 @@ class RunSettings:
     warmup_tokens: int = 16  # per method, on the first prompt; not counted
     batch_size: int = 1
     repeats: int = 1  # every method on every prompt this many times, interleaved; figures are totals
+    top_k: int = 0  # 0: no top-k filter
+    top_p: float = 1.0
 
     def __post_init__(self):
         if self.max_new_tokens < 1:
             raise InputError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
-        if self.temperature < 0:
-            raise InputError(f"temperature must be >= 0, got {self.temperature}")
+        SamplingConfig(self.temperature, self.top_k, self.top_p)  # raises InputError naming a bad setting
         if self.batch_size < 1:
             raise InputError(f"batch_size must be >= 1, got {self.batch_size}")
         if self.warmup_tokens < 0:
@@ -118,6 +120,8 @@ def run_methods(
             attention_mask=mask,
             max_new_tokens=max_new_tokens,
             temperature=settings.temperature,
+            top_k=settings.top_k,
+            top_p=settings.top_p,
             generator=prompt_generator(settings.seed, group[0]),
         )
 
