@@ -24,7 +24,7 @@ from moe_spec.core.batch_layout import compaction, prefill_inputs, step_inputs
 from moe_spec.core.control import Controller, StepPlan
 from moe_spec.core.drafting import NO_DRAFT, BatchDrafter, Drafter, TreeBudget, batch_drafter
 from moe_spec.core.forest import StepForest
-from moe_spec.core.inputs import eos_ids, pad_id, validated_prompts
+from moe_spec.core.inputs import check_generator, eos_ids, pad_id, validated_prompts
 from moe_spec.core.kv_cache import gather_columns, keep_accepted_path, select_rows
 from moe_spec.core.sampling import SamplingConfig, probabilities, sample
 from moe_spec.core.stats import GenerationStats, StepStats
@@ -97,6 +97,7 @@ class SpecDecoder:
         sampling = SamplingConfig(temperature, top_k, top_p)
         prompts = validated_prompts(self.target, input_ids, attention_mask, max_new_tokens, streamer)
         eos = eos_ids(self.target, eos_token_id)
+        check_generator(generator)
         pad = pad_id(self.target, eos)
         drafter = batch_drafter(self.drafter, len(prompts)) if self.drafter is not None else None
         budget = drafter.default_budget if drafter is not None else NO_DRAFT

@@ -6,6 +6,8 @@ greedy (argmax) decoding.
 
 from __future__ import annotations
 
+import math
+import numbers
 from dataclasses import dataclass
 
 import torch
@@ -20,16 +22,27 @@ class SamplingConfig:
     top_p: float = 1.0
 
     def __post_init__(self):
-        if self.temperature < 0:
-            raise InputError(f"temperature must be >= 0, got {self.temperature}")
-        if self.top_k < 0:
-            raise InputError(f"top_k must be >= 0, got {self.top_k}")
-        if not 0.0 < self.top_p <= 1.0:
-            raise InputError(f"top_p must be in (0, 1], got {self.top_p}")
+        # checked here, once, so every entry point (generate, the drop-in, the CLI, bench settings)
+        # refuses a bad value by name before anything runs, rather than deep inside torch
+        if not _is_real(self.temperature) or not math.isfinite(self.temperature) or self.temperature < 0:
+            raise InputError(f"temperature must be a finite number >= 0 (0: greedy), got {self.temperature!r}")
+        if not _is_integer(self.top_k) or self.top_k < 0:
+            raise InputError(f"top_k must be an integer >= 0 (0: no top-k filter), got {self.top_k!r}")
+        if not _is_real(self.top_p) or not 0.0 < self.top_p <= 1.0:  # NaN fails the comparison
+            raise InputError(f"top_p must be a number in (0, 1], got {self.top_p!r}")
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
+
+
+def _is_real(value) -> bool:
+    """A plain real number: int, float or numpy scalar; not a bool, string or tensor."""
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
+
+
+def _is_integer(value) -> bool:
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
 def probabilities(logits: torch.Tensor, config: SamplingConfig) -> torch.Tensor:
