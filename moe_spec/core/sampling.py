@@ -14,6 +14,9 @@ import torch
 
 from moe_spec.errors import InputError
 
+# below this, logits / temperature can overflow float32 (1e-38 already does on a tiny model)
+MIN_TEMPERATURE = 1e-6
+
 
 @dataclass(frozen=True)
 class SamplingConfig:
@@ -26,6 +29,9 @@ class SamplingConfig:
         # refuses a bad value by name before anything runs, rather than deep inside torch
         if not _is_real(self.temperature) or not math.isfinite(self.temperature) or self.temperature < 0:
             raise InputError(f"temperature must be a finite number >= 0 (0: greedy), got {self.temperature!r}")
+        if 0 < self.temperature < MIN_TEMPERATURE:
+            raise InputError(f"temperature must be 0 (greedy) or at least {MIN_TEMPERATURE:g} (logits divided by a "
+                             f"smaller one overflow float32), got {self.temperature!r}")
         if not _is_integer(self.top_k) or self.top_k < 0:
             raise InputError(f"top_k must be an integer >= 0 (0: no top-k filter), got {self.top_k!r}")
         if not _is_real(self.top_p) or not 0.0 < self.top_p <= 1.0:  # NaN fails the comparison
