@@ -9,7 +9,7 @@ one `spawn()`ed copy per row behind `PerRowDrafters`.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Protocol
 
 import torch
@@ -26,17 +26,23 @@ class TreeBudget:
     max_nodes: int = 60  # drafted nodes, root excluded
     max_depth: int = 5
     branching: int = 10  # children expanded per node
+    # when sampling: draw each node's children from the draft distribution (verified by recursive
+    # rejection against it) instead of taking its top tokens; greedy decoding ignores it
+    sampled: bool = False
 
     def __post_init__(self):
         if self.max_nodes < 0 or self.max_depth < 0 or self.branching < 1:
             raise ValueError(f"invalid tree budget {self}")
 
     def capped(self, max_depth: int) -> "TreeBudget":
-        return TreeBudget(self.max_nodes, min(self.max_depth, max_depth), self.branching)
+        return replace(self, max_depth=min(self.max_depth, max_depth))
 
     def with_nodes(self, max_nodes: int) -> "TreeBudget":
-        """This budget's depth and branching with another node count (`static:N`)."""
-        return TreeBudget(max_nodes, self.max_depth, self.branching)
+        """This budget's depth, branching and scheme with another node count (`static:N`)."""
+        return replace(self, max_nodes=max_nodes)
+
+    def with_scheme(self, sampled: bool) -> "TreeBudget":
+        return replace(self, sampled=sampled)
 
     @property
     def drafts_nothing(self) -> bool:
