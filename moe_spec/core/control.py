@@ -15,6 +15,7 @@ from typing import Protocol
 
 from moe_spec.core.drafting import TreeBudget
 from moe_spec.core.forest import StepForest
+from moe_spec.core.sampling import SamplingConfig
 from moe_spec.core.step_record import StepRecord
 
 
@@ -25,9 +26,9 @@ class StepPlan:
 
 
 class Controller(Protocol):
-    def begin(self, default: TreeBudget) -> TreeBudget:
-        """Called at the start of every `generate` with the drafter's default budget; returns the
-        first step's candidate budget."""
+    def begin(self, default: TreeBudget, sampling: SamplingConfig) -> TreeBudget:
+        """Called at the start of every `generate` with the drafter's default budget and the
+        request's sampling settings; returns the first step's candidate budget."""
 
     def plan(self, candidates: StepForest, draft_ms: float) -> StepPlan:
         """Called every step, also when nothing was drafted (every candidate the root alone).

@@ -102,7 +102,7 @@ class SpecDecoder:
         drafter = batch_drafter(self.drafter, len(prompts)) if self.drafter is not None else None
         budget = drafter.default_budget if drafter is not None else NO_DRAFT
         if self.controller is not None:
-            budget = self.controller.begin(budget)
+            budget = self.controller.begin(budget, sampling)
         stats = GenerationStats(prompt_tokens=sum(p.numel() for p in prompts))
         start = time.perf_counter()
         if streamer is not None:
@@ -172,7 +172,7 @@ class SpecDecoder:
         rows = batch.rows
         # 1) each row's candidate tree
         t0 = time.perf_counter()
-        candidates = self._draft(rows, drafter, batch.budget, max_new_tokens, sampling)
+        candidates = self._draft(rows, drafter, batch.budget, max_new_tokens, sampling, generator)
         t1 = time.perf_counter()
         # 2) the plan: which subtree of each to verify, and the next step's candidate budget
         if self.controller is not None:
@@ -227,13 +227,13 @@ class SpecDecoder:
         return [a.new_tokens(t) for a, t in zip(acceptances, forest)], step
 
     def _draft(self, rows: list[_Row], drafter: BatchDrafter | None, budget: TreeBudget, max_new_tokens: int,
-               sampling: SamplingConfig) -> list[DraftTree]:
+               sampling: SamplingConfig, generator) -> list[DraftTree]:
         """Each row's candidate tree (the root alone when not drafting), checked."""
         # a step produces at most depth + 1 tokens, so deeper drafts than remaining - 1 are waste
         depths = [row.remaining(max_new_tokens) - 1 for row in rows]
         if drafter is None or max(depths) <= 0 or budget.drafts_nothing:
             return [DraftTree.root_only(row.root) for row in rows]
-        trees = drafter.propose([row.root for row in rows], budget, depths, sampling)
+        trees = drafter.propose([row.root for row in rows], budget, depths, sampling, generator=generator)
         for row, tree in zip(rows, trees):
             self._check_tree(row, tree)
         return [tree if int(tree.depths.max()) <= depth else tree.subtree((tree.depths <= depth).nonzero().flatten())

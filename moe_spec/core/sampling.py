@@ -51,6 +51,9 @@ def _is_integer(value) -> bool:
     return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
+GREEDY = SamplingConfig()  # temperature 0: argmax decoding
+
+
 def probabilities(logits: torch.Tensor, config: SamplingConfig) -> torch.Tensor:
     """[..., V] logits -> [..., V] float32 probabilities after temperature, top-k and top-p.
 

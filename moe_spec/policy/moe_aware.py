@@ -7,6 +7,7 @@ from collections import deque
 from moe_spec.core.control import StepPlan
 from moe_spec.core.drafting import EAGLE2_BUDGET, NO_DRAFT, TreeBudget
 from moe_spec.core.forest import StepForest
+from moe_spec.core.sampling import GREEDY, SamplingConfig
 from moe_spec.core.step_record import StepRecord
 from moe_spec.policy.online_correction import DraftCostTracker, ThroughputTracker
 from moe_spec.policy.profiled import ProfiledController
@@ -48,8 +49,8 @@ class MoeAwareController(ProfiledController):
         self._plain_steps = 0
         self.draft_costs = DraftCostTracker()
 
-    def begin(self, default: TreeBudget) -> TreeBudget:
-        super().begin(default)
+    def begin(self, default: TreeBudget, sampling: SamplingConfig = GREEDY) -> TreeBudget:
+        super().begin(default, sampling)
         if not self.persist:
             self._fresh_history()
         self._default = default

@@ -14,6 +14,7 @@ import torch
 
 from moe_spec.core.drafting import TreeBudget
 from moe_spec.core.forest import StepForest
+from moe_spec.core.sampling import GREEDY, SamplingConfig
 from moe_spec.core.step_record import StepRecord
 from moe_spec.core.tree import DraftTree
 from moe_spec.policy.online_correction import AcceptanceCorrection, CostCorrection
@@ -35,7 +36,7 @@ class ProfiledController:
         self.acceptance_correction = AcceptanceCorrection()
         self.cost_correction = CostCorrection()
 
-    def begin(self, default: TreeBudget) -> TreeBudget:
+    def begin(self, default: TreeBudget, sampling: SamplingConfig = GREEDY) -> TreeBudget:
         if not self.persist:
             self._fresh_corrections()
         return default

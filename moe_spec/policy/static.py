@@ -5,6 +5,7 @@ from __future__ import annotations
 from moe_spec.core.control import StepPlan
 from moe_spec.core.drafting import TreeBudget
 from moe_spec.core.forest import StepForest
+from moe_spec.core.sampling import GREEDY, SamplingConfig
 from moe_spec.core.step_record import StepRecord
 from moe_spec.core.tree import DraftTree
 
@@ -17,7 +18,7 @@ class StaticController:
     def __init__(self, budget: TreeBudget):
         self.budget = budget
 
-    def begin(self, default: TreeBudget) -> TreeBudget:
+    def begin(self, default: TreeBudget, sampling: SamplingConfig = GREEDY) -> TreeBudget:
         return self.budget
 
     def plan(self, candidates: StepForest, draft_ms: float = 0.0) -> StepPlan:

@@ -8,6 +8,7 @@ import numpy as np
 from moe_spec.core.control import StepPlan
 from moe_spec.core.drafting import EAGLE2_BUDGET, TreeBudget
 from moe_spec.core.forest import StepForest
+from moe_spec.core.sampling import GREEDY, SamplingConfig
 from moe_spec.core.step_record import StepRecord
 from moe_spec.policy.profiled import ProfiledController
 from moe_spec.policy.selection import best_prefix_by_score
@@ -47,8 +48,8 @@ class TruncateController(ProfiledController):
         self.token_cost = token_cost
         self.budget = budget or EAGLE2_BUDGET
 
-    def begin(self, default: TreeBudget) -> TreeBudget:
-        super().begin(default)
+    def begin(self, default: TreeBudget, sampling: SamplingConfig = GREEDY) -> TreeBudget:
+        super().begin(default, sampling)
         return self.budget
 
     def plan(self, candidates: StepForest, draft_ms: float) -> StepPlan:

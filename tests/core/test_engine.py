@@ -35,7 +35,7 @@ class ScriptedController:
         self.calls: list[str] = []
         self.plans: list[StepForest] = []
 
-    def begin(self, default):
+    def begin(self, default, sampling):
         self.calls.append("begin")
         return self.budget
 
