@@ -22,6 +22,7 @@ COMMANDS = {
     "make-tiny": ("moe_spec.cli.make_tiny", "save a tiny random model of a supported architecture"),
     "make-random": ("moe_spec.cli.make_random", "save a random MoE with a real model's shapes (e.g. OLMoE-1B-7B)"),
     "simulate": ("moe_spec.cli.simulate", "replay a bench trace under another cost model (a simulation)"),
+    "soak": ("moe_spec.cli.soak", "many mixed generations in one process: memory, hooks and speed over a long run"),
 }
 
 

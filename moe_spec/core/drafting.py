@@ -3,7 +3,10 @@
 The engine drafts every row of a batch in one call (`BatchDrafter`; a single prompt is a batch of
 one). A drafter that batches its own work (`EagleDrafter`: one head forward per tree depth for all
 rows) implements `BatchDrafter` itself; a simpler per-sequence `Drafter` (the lookup drafter) runs
-one `spawn()`ed copy per row behind `PerRowDrafters`.
+one `spawn()`ed copy per row behind `PerRowDrafters`. Whichever it is, `batch_drafter` hands the
+engine a `BudgetCheckedDrafter` around it: a tree larger or deeper than its budget is refused with
+a `DrafterError` before the target sees it (a 10,000-node tree would otherwise become a
+10,000 x 10,000 mask and an attention pass of that width).
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ import torch
 
 from moe_spec.core.sampling import SamplingConfig
 from moe_spec.core.tree import DraftTree
-from moe_spec.errors import InputError
+from moe_spec.errors import DrafterError, InputError
 
 
 @dataclass(frozen=True)
@@ -86,8 +89,9 @@ class BatchDrafter(Protocol):
         """prompts[b]: [T_b] long; features[b]: [T_b, S, D]."""
 
     def propose(self, roots: Sequence[int], budget: TreeBudget, max_depths: Sequence[int],
-                sampling: SamplingConfig) -> list[DraftTree]:
-        """Row b's tree rooted at roots[b], at most max_depths[b] deep (0: the root alone)."""
+                sampling: SamplingConfig, generator: torch.Generator | None = None) -> list[DraftTree]:
+        """Row b's tree rooted at roots[b], at most max_depths[b] deep (0: the root alone);
+        `generator` draws sampled candidates (`budget.sampled`, when sampling)."""
 
     def commit(self, tokens: Sequence[torch.Tensor], features: Sequence[torch.Tensor]) -> None:
         """tokens[b]: [A_b] long now in the target's cache; features[b]: [A_b, S, D]."""
@@ -107,7 +111,8 @@ class PerRowDrafters:
         for drafter, prompt, feature in zip(self.drafters, prompts, features):
             drafter.begin(prompt, feature)
 
-    def propose(self, roots, budget, max_depths, sampling) -> list[DraftTree]:
+    def propose(self, roots, budget, max_depths, sampling, generator=None) -> list[DraftTree]:
+        # per-sequence drafters propose deterministic candidates: they draw nothing
         return [
             drafter.propose(root, budget.capped(depth), sampling) if depth > 0 else DraftTree.root_only(root)
             for drafter, root, depth in zip(self.drafters, roots, max_depths)
@@ -121,14 +126,63 @@ class PerRowDrafters:
         self.drafters = [self.drafters[i] for i in rows]
 
 
+class BudgetCheckedDrafter:
+    """A `BatchDrafter` whose every proposal is checked against what it was asked for: one tree per
+    row, each a `DraftTree` of at most `budget.max_nodes` drafted nodes and at most
+    `min(budget.max_depth, max_depths[b])` deep (0 for a row that may not draft)."""
+
+    def __init__(self, inner: BatchDrafter, name: str):
+        self.inner = inner
+        self.name = name  # the drafter's class, for messages
+        self.default_budget = inner.default_budget
+
+    def begin(self, prompts, features) -> None:
+        self.inner.begin(prompts, features)
+
+    def propose(self, roots, budget, max_depths, sampling, generator=None) -> list[DraftTree]:
+        trees = self.inner.propose(roots, budget, max_depths, sampling, generator=generator)
+        check_proposal(self.name, trees, len(roots), budget, max_depths)
+        return trees
+
+    def commit(self, tokens, features) -> None:
+        self.inner.commit(tokens, features)
+
+    def keep_rows(self, rows) -> None:
+        self.inner.keep_rows(rows)
+
+
+def check_proposal(name: str, trees, rows: int, budget: TreeBudget, max_depths: Sequence[int]) -> None:
+    """Raise `DrafterError` unless `trees` holds `rows` draft trees within `budget` and `max_depths`.
+    The node count is checked first, in O(1) per tree, so an oversized tree is refused before its
+    depths are computed."""
+    if not isinstance(trees, (list, tuple)) or len(trees) != rows:
+        got = f"{len(trees)} trees" if isinstance(trees, (list, tuple)) else f"a {type(trees).__name__}"
+        raise DrafterError(f"drafter {name} returned {got} for a batch of {rows} rows")
+    for row, (tree, depth) in enumerate(zip(trees, max_depths)):
+        if not isinstance(tree, DraftTree):
+            raise DrafterError(f"drafter {name} returned a {type(tree).__name__} for row {row}, not a DraftTree")
+        if tree.num_drafted > budget.max_nodes:
+            raise DrafterError(f"drafter {name} proposed {tree.num_drafted} drafted nodes for row {row}, over its "
+                               f"budget of {budget.max_nodes}")
+        allowed = max(0, min(budget.max_depth, int(depth)))
+        deepest = int(tree.depths.max())
+        if deepest > allowed:
+            raise DrafterError(f"drafter {name} proposed a tree {deepest} deep for row {row}, over the {allowed} "
+                               f"it was allowed (budget depth {budget.max_depth}, row limit {int(depth)})")
+
+
 def batch_drafter(drafter, batch: int) -> BatchDrafter:
-    """The drafter for `batch` rows: the drafter itself when it drafts a batch (it has `keep_rows`,
-    as `EagleDrafter` does, for any batch size), else copies of it per row."""
-    if hasattr(drafter, "keep_rows"):
+    """The drafter for `batch` rows, its proposals checked (`BudgetCheckedDrafter`): the drafter
+    itself when it drafts a batch (it has `keep_rows`, as `EagleDrafter` does, for any batch size),
+    else copies of it per row."""
+    name = type(drafter).__name__
+    if isinstance(drafter, BudgetCheckedDrafter):
         return drafter
+    if hasattr(drafter, "keep_rows"):
+        return BudgetCheckedDrafter(drafter, name)
     if batch == 1:
-        return PerRowDrafters([drafter])
+        return BudgetCheckedDrafter(PerRowDrafters([drafter]), name)
     spawn = getattr(drafter, "spawn", None)
     if spawn is None:
-        raise InputError(f"{type(drafter).__name__} cannot draft for a batch (it has no spawn()); pass one prompt")
-    return PerRowDrafters([drafter] + [spawn() for _ in range(batch - 1)])
+        raise InputError(f"{name} cannot draft for a batch (it has no spawn()); pass one prompt")
+    return BudgetCheckedDrafter(PerRowDrafters([drafter] + [spawn() for _ in range(batch - 1)]), name)
