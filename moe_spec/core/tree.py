@@ -3,6 +3,14 @@
 Node 0 is the root: the last committed token, whose key/value is not yet in the target's
 cache. Every other node is a drafted token. Nodes are in topological order (a parent comes
 before its children), so `parents[i] < i` for every non-root node.
+
+Candidates come in two schemes. *Deterministic* ones (the draft's top tokens, n-gram
+continuations) are point-mass proposals and carry nothing more. *Sampled* ones were drawn, at
+each node, from a draft distribution q without replacement; the tree then carries q per node
+(`proposals`, over the token ids `proposal_ids`) and each node's rank in its parent's draw
+sequence (`draw_rank`), because verification by recursive rejection needs them exactly as
+drawn, and needs each node's children to be the *first* k draws (a cut may drop later draws of a
+node, never an earlier one while keeping a later; see `moe_spec.core.acceptance`).
 """
 
 from __future__ import annotations
@@ -17,6 +25,10 @@ class DraftTree:
     tokens: torch.Tensor  # [N] long: token id of each node
     parents: torch.Tensor  # [N] long: parent node index, -1 for the root
     scores: torch.Tensor  # [N] float: cumulative draft log-probability (root 0)
+    # sampled candidates only (None: deterministic candidates)
+    proposals: torch.Tensor | None = None  # [N, V_q] float: the distribution node i's children were drawn from
+    proposal_ids: torch.Tensor | None = None  # [V_q] long: the token id of each column of `proposals`
+    draw_rank: torch.Tensor | None = None  # [N] long: 0 for its parent's first draw, 1 for the second, ... (root 0)
 
     def __post_init__(self):
         n = self.tokens.shape[0]
@@ -24,6 +36,12 @@ class DraftTree:
             raise ValueError("a draft tree has at least its root")
         if self.parents.shape != (n,) or self.scores.shape != (n,):
             raise ValueError(f"tokens, parents and scores must all have shape [{n}]")
+        carried = (self.proposals is not None, self.proposal_ids is not None, self.draw_rank is not None)
+        if any(carried) and not all(carried):
+            raise ValueError("a sampled tree needs proposals, proposal_ids and draw_rank together")
+        if all(carried) and (self.proposals.dim() != 2 or self.proposals.shape[0] != n
+                             or self.proposal_ids.shape != (self.proposals.shape[1],) or self.draw_rank.shape != (n,)):
+            raise ValueError(f"proposals must be [{n}, V_q] with proposal_ids [V_q] and draw_rank [{n}]")
         if int(self.parents[0]) != -1:
             raise ValueError("node 0 must be the root (parent -1)")
         if n > 1:
@@ -49,6 +67,17 @@ class DraftTree:
 
     def __len__(self) -> int:
         return int(self.tokens.shape[0])
+
+    @property
+    def sampled(self) -> bool:
+        """The candidates were drawn from `proposals` (else they are deterministic point masses)."""
+        return self.proposals is not None
+
+    def proposal_at(self, node: int, vocab_size: int) -> torch.Tensor:
+        """[V] float32: the distribution node `node`'s children were drawn from, over the full vocabulary."""
+        q = torch.zeros(vocab_size, dtype=torch.float32)
+        q[self.proposal_ids] = self.proposals[node].float()
+        return q
 
     @property
     def num_drafted(self) -> int:
@@ -85,7 +114,10 @@ class DraftTree:
         if bool((new_index[old_parents[1:]] < 0).any()):
             raise ValueError("a subtree must contain the parent of every kept node")
         parents = torch.cat([torch.tensor([-1]), new_index[old_parents[1:]]])
-        return DraftTree(self.tokens[keep], parents, self.scores[keep])
+        if not self.sampled:
+            return DraftTree(self.tokens[keep], parents, self.scores[keep])
+        return DraftTree(self.tokens[keep], parents, self.scores[keep], self.proposals[keep], self.proposal_ids,
+                         self.draw_rank[keep])
 
 
 def ancestor_mask(tree: DraftTree) -> torch.Tensor:

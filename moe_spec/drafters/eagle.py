@@ -27,6 +27,16 @@ not expanded, and growth stops once no row has a frontier node beating its thres
 pruning never changes the kept set. When sampling, the draft distribution is the sampled one
 (`moe_spec.core.sampling.probabilities`), and candidates it gives zero probability are not drafted.
 
+Sampled candidates (`budget.sampled`, when sampling). Each expanded node's `w` children are drawn
+from its draft distribution q without replacement (the Gumbel top-k trick: the `w` largest
+log q + Gumbel noise, in draw order), and the tree carries q for verification by recursive
+rejection. That is exact only if no draw decides whether it is kept, so the tree grows causally:
+a child slot's score is its parent's score plus the log of the i-th *largest* q (a proxy known
+before drawing: the slot's value does not depend on what was drawn into it), the slots of a depth
+are kept by that proxy before the next depth exists, and nothing kept is dropped later. Depth d
+keeps at most half of the node budget still left (the last depth all of it), which gives the
+wide-then-narrow shape of EAGLE-2's kept trees; a parent's kept slots are always its first draws.
+
 Rows grow on padded [B, ...] tensors. Where a row has fewer nodes to expand than another (pruned
 by its own threshold, candidates of probability zero, or its depth cap), the gap holds
 placeholder nodes of score -inf: they run through the head like the others but nothing reads
@@ -110,7 +120,9 @@ class EagleDrafter:
         self._last_g = [self._last_g[i] for i in rows]
 
     def propose(self, roots: Sequence[int], budget: TreeBudget, max_depths: Sequence[int],
-                sampling: SamplingConfig) -> list[DraftTree]:
+                sampling: SamplingConfig, generator: torch.Generator | None = None) -> list[DraftTree]:
+        """Row b's tree rooted at roots[b], at most max_depths[b] deep; `generator` draws sampled
+        candidates (`budget.sampled` when sampling)."""
         if self._last_g is None:
             raise RuntimeError("EagleDrafter.propose called before begin")
         caps = [min(d, budget.max_depth, budget.max_nodes) for d in max_depths]  # each row's depth
@@ -128,13 +140,17 @@ class EagleDrafter:
             self._queued_tokens = [[] for _ in g]
             h_root = runner.extend(g, tokens)  # [B, D]
             committed = [n - 1 for n in runner.lengths]  # the root pairs' columns (re-queued by commit)
+            draws = Draws(generator) if budget.sampled and not sampling.greedy else None
             try:
-                ids, parents, scores = self._grow(h_root, committed, caps, width, budget.max_nodes, sampling)
+                ids, parents, scores = self._grow(h_root, committed, caps, width, budget.max_nodes, sampling, draws)
             finally:
                 runner.lengths = committed  # drop the root pairs and the drafts
         # outside inference mode, so the trees hold ordinary tensors
-        return [rerank(root, runner.d2t, ids[b], parents[b], scores[b], budget.max_nodes)
-                for b, root in enumerate(roots)]
+        trees = [rerank(root, runner.d2t, ids[b], parents[b], scores[b], budget.max_nodes)
+                 for b, root in enumerate(roots)]
+        if draws is None:
+            return trees
+        return [draws.carried_by(tree, b, ids.shape[1], scores[b], runner.d2t) for b, tree in enumerate(trees)]
 
     # -- internals -----------------------------------------------------------------------------
 
@@ -153,27 +169,34 @@ class EagleDrafter:
         return self._tables[key]
 
     def _grow(self, h_root: torch.Tensor, committed: list[int], caps: list[int], width: int, max_nodes: int,
-              sampling: SamplingConfig) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+              sampling: SamplingConfig, draws: "Draws | None" = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """h_root: [B, D] the root pairs' outputs; committed: each row's committed pairs; caps: each
-        row's depth. Returns [B, N] draft ids, parents and scores of every drafted node
-        (placeholders: score -inf), numbered from 1 (the root is 0) depth by depth, each depth in
-        expansion order."""
+        row's depth; draws: where sampled candidates are drawn and recorded (None: top tokens).
+        Returns [B, N] draft ids, parents and scores of every drafted node (placeholders: score
+        -inf), numbered from 1 (the root is 0) depth by depth, each depth in expansion order."""
         runner, device = self._runner, h_root.device
         batch = h_root.shape[0]
         diagonal = self._diagonal(width)
         depth_of_row = torch.tensor(caps, device=device)[:, None]  # [B, 1]
 
-        def children(h: torch.Tensor, base: torch.Tensor):
-            """h [B, M, D] of expanded nodes with cumulative scores base [B, M] -> their top-`w`
-            children: draft ids, cumulative scores [B, M*w] (-inf stays -inf)."""
+        def children(h: torch.Tensor, base: torch.Tensor, nodes: torch.Tensor):
+            """h [B, M, D] of expanded nodes `nodes` [B, M] with cumulative scores base [B, M] ->
+            their `w` children: draft ids, cumulative scores [B, M*w] (-inf stays -inf)."""
             m = h.shape[1]
-            top_logp, top_ids = draft_log_probs(runner, h.reshape(batch * m, -1), sampling).topk(width, dim=-1)
+            log_q = draft_log_probs(runner, h.reshape(batch * m, -1), sampling)  # [B*M, V_draft]
+            if draws is None:
+                top_logp, top_ids = log_q.topk(width, dim=-1)
+            else:
+                top_logp, top_ids = draws.draw(log_q, width, nodes)
             cumulative = base[..., None] + top_logp.view(batch, m, width)
             return top_ids.view(batch, m * width), cumulative.view(batch, m * width)
 
-        ids, scores = children(h_root[:, None], torch.zeros(batch, 1, device=device))
+        ids, scores = children(h_root[:, None], torch.zeros(batch, 1, device=device),
+                               torch.zeros(batch, 1, dtype=torch.long, device=device))
         if min(caps) < 1:
             scores = scores.masked_fill(depth_of_row < 1, NEG_INF)
+        if draws is not None:
+            scores = draws.keep_causally(scores, [], 1, depth_of_row, max_nodes)
         all_ids, all_parents, all_scores = [ids], [torch.zeros_like(ids)], [scores]
         first = 1  # node index of the newest depth's first node
         h = h_root[:, None]  # [B, M, D] of the rows expanded last: the newest depth's parents
@@ -183,7 +206,9 @@ class EagleDrafter:
         for depth in range(2, max(caps) + 1):
             ranked, order = torch.sort(scores, dim=1, descending=True, stable=True)  # ties: lower index first
             ranked, order = ranked[:, :width], order[:, :width]
-            if first - 1 + scores.shape[1] >= max_nodes:  # nodes no better than the max_nodes-th best have no kept descendant
+            if draws is not None:  # every kept node is final: expand the best of the newest depth
+                live = ranked > NEG_INF
+            elif first - 1 + scores.shape[1] >= max_nodes:  # nodes no better than the max_nodes-th best have no kept descendant
                 drafted = torch.cat(all_scores, dim=1)  # [B, nodes so far]
                 threshold = drafted.topk(max_nodes, dim=1).values[:, -1:]  # [B, 1]; -inf with fewer finite nodes
                 live = ranked > threshold
@@ -206,11 +231,65 @@ class EagleDrafter:
                              [c + depth - 1 for c in committed], tree_mask)
             nodes = order + first  # [B, m] node indices of the expanded
             first += scores.shape[1]
-            ids, scores = children(h, ranked)
+            ids, scores = children(h, ranked, nodes)
+            if draws is not None:
+                scores = draws.keep_causally(scores, all_scores, depth, depth_of_row, max_nodes)
             all_ids.append(ids)
             all_parents.append(nodes[..., None].expand(batch, m, width).reshape(batch, m * width))
             all_scores.append(scores)
         return torch.cat(all_ids, dim=1), torch.cat(all_parents, dim=1), torch.cat(all_scores, dim=1)
+
+
+class Draws:
+    """Sampled candidates of one `propose`: drawn without replacement, kept causally, and the
+    proposal q of every expanded node recorded for verification."""
+
+    def __init__(self, generator: torch.Generator | None):
+        self.generator = generator
+        self.nodes: list[torch.Tensor] = []  # per expansion, [B, M] node indices expanded
+        self.proposals: list[torch.Tensor] = []  # per expansion, [B, M, V_draft] their q
+        self.ranks: list[torch.Tensor] = []  # per expansion, [B, M*w] each child's draw rank
+
+    def draw(self, log_q: torch.Tensor, width: int, nodes: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """log_q [B*M, V_draft] -> per expanded node, (log of the i-th largest q, the i-th draw)
+        [B*M, w]: the draws in order, the proxy scores known before drawing."""
+        uniform = torch.rand(log_q.shape, generator=self.generator).to(log_q.device)
+        gumbel = -torch.log(-torch.log(uniform))  # uniform 0 gives -inf: never drawn
+        drawn = (log_q + gumbel).topk(width, dim=-1).indices  # [B*M, w] in draw order; q = 0 comes last
+        proxy = log_q.topk(width, dim=-1).values  # [B*M, w], -inf exactly where no draw is left
+        batch, m = nodes.shape
+        self.nodes.append(nodes)
+        self.proposals.append(log_q.exp().view(batch, m, -1))
+        self.ranks.append(torch.arange(width, device=log_q.device).repeat(batch, m))
+        return proxy, drawn
+
+    @staticmethod
+    def keep_causally(scores: torch.Tensor, earlier: list[torch.Tensor], depth: int, depth_of_row: torch.Tensor,
+                      max_nodes: int) -> torch.Tensor:
+        """scores [B, S] proxy scores of the newest depth's slots -> the same with every slot beyond
+        this depth's share of the budget set to -inf. `earlier`: the scores of shallower depths
+        ([B, *] each, every finite one kept); depth_of_row [B, 1] each row's depth cap."""
+        kept_before = sum(((s > NEG_INF).sum(1, keepdim=True) for s in earlier), torch.zeros_like(depth_of_row))
+        left = max_nodes - kept_before  # [B, 1]
+        share = torch.where(depth_of_row <= depth, left, (left + 1) // 2)  # [B, 1]
+        order = torch.sort(scores, dim=1, descending=True, stable=True).indices  # ties: lower index (earlier draw)
+        position = torch.empty_like(order).scatter_(1, order, torch.arange(scores.shape[1], device=scores.device).expand_as(order))
+        return scores.masked_fill(position >= share, NEG_INF)
+
+    def carried_by(self, tree: DraftTree, row: int, num_drafted: int, scores: torch.Tensor, d2t: torch.Tensor) -> DraftTree:
+        """Row `row`'s reranked tree with its proposals and draw ranks. scores: [N] of nodes 1..N as
+        grown (the finite ones are exactly the tree's drafted nodes, in node order)."""
+        kept = torch.cat([scores.new_zeros(1, dtype=torch.long), (scores > NEG_INF).nonzero().flatten() + 1])  # old indices
+        new_index = torch.full((num_drafted + 1,), -1, dtype=torch.long, device=scores.device)
+        new_index[kept] = torch.arange(kept.numel(), device=scores.device)
+        proposals = torch.zeros(len(tree), self.proposals[0].shape[-1])
+        for nodes, q in zip(self.nodes, self.proposals):
+            target = new_index[nodes[row]]  # [M]; -1 for placeholders and dropped nodes
+            found = target >= 0
+            proposals[target[found].cpu()] = q[row][found].float().cpu()
+        ranks = torch.cat([r[row] for r in self.ranks])  # [N] of nodes 1..N
+        draw_rank = torch.cat([torch.zeros(1, dtype=torch.long), ranks[kept[1:] - 1].cpu()])
+        return DraftTree(tree.tokens, tree.parents, tree.scores, proposals, d2t.cpu(), draw_rank)
 
 
 def draft_log_probs(runner: HeadRunner, h: torch.Tensor, sampling: SamplingConfig) -> torch.Tensor:
