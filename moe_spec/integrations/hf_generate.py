@@ -53,7 +53,12 @@ How `generate`'s settings are mapped:
 Refused with `InputError`, rather than silently ignored: beams or several return sequences, logits
 processors other than temperature / top-k / top-p (repetition penalty, min length, ...: tree
 verification scores drafts with the raw distribution), stopping criteria other than max
-length and EOS, `output_scores` / `output_logits` / attentions / hidden states, a non-empty cache.
+length and EOS, `output_scores` / `output_logits` / attentions / hidden states, a non-empty cache;
+and, by name, a value of the wrong type or range (a `max_new_tokens` of 2.5 or True, which `generate`
+would add to `max_length` unchecked; a non-bool `do_sample`; non-integer EOS ids; a negative
+`pad_token_id`; a `drafter`, `controller`, `method`, `profile` or `observer` of the wrong kind; and
+everything `SpecDecoder.generate` checks). What `generate` itself refuses before it calls this
+function (e.g. `temperature=nan` with `do_sample=True`, `top_k=2.5`) stays transformers' own error.
 """
 
 from __future__ import annotations
@@ -107,8 +112,12 @@ def speculative_generate(
     """
     config = generation_config if generation_config is not None else model.generation_config
     _check_supported(input_ids, config, logits_processor, stopping_criteria, model_kwargs)
+    _check_arguments(drafter, controller, method, profile, observer)
+    _check_lengths(config)
+    if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2:
+        raise InputError(f"input_ids must be a [B, T] integer torch.Tensor, got {type(input_ids).__name__}")
     attention_mask = model_kwargs.get("attention_mask")
-    max_new_tokens = int(config.max_length) - int(input_ids.shape[1])
+    max_new_tokens = config.max_length - int(input_ids.shape[1])
     if max_new_tokens < 1:
         raise InputError(f"the prompt ({input_ids.shape[1]} tokens) already reaches max_length={config.max_length}")
     target = TargetModel(model)
@@ -128,7 +137,7 @@ def speculative_generate(
         streamer=moe_streamer,
         **sampling,
     )
-    pad = config.pad_token_id if config.pad_token_id is not None else (eos[0] if eos else 0)
+    pad = _pad_id(config, eos)
     sequences = _padded_after_eos(result.sequences, input_ids.shape[1], set(eos), int(pad)).to(input_ids.device)
     if config.return_dict_in_generate:
         return GenerateDecoderOnlyOutput(sequences=sequences)
@@ -150,6 +159,36 @@ def _drafter_and_controller(target: TargetModel, drafter, controller, method: st
     context = MethodContext(target, lambda: drafter, load_profile, drafter_option="drafter=", profile_option="profile=")
     built = build_method(method, context)
     return built.drafter, built.controller
+
+
+def _check_arguments(drafter, controller, method, profile, observer) -> None:
+    """The custom arguments' types, so a wrong one is named rather than failing mid-decode."""
+    if drafter is not None and not isinstance(drafter, str) and not _has_methods(drafter, "begin", "propose", "commit"):
+        raise InputError(f"drafter= must be a Drafter (begin / propose / commit), a spec string such as 'lookup' "
+                         f"or a head folder, or None; got {type(drafter).__name__}")
+    if controller is not None and not _has_methods(controller, "begin", "plan", "observe"):
+        raise InputError(f"controller= must be a moe_spec Controller (begin / plan / observe) or None; "
+                         f"got {type(controller).__name__}")
+    if method is not None and not isinstance(method, str):
+        raise InputError(f"method= must be a method name such as 'eagle2' or None; got {type(method).__name__}")
+    if profile is not None and not isinstance(profile, (Profile, str, Path)):
+        raise InputError(f"profile= must be a Profile, the path of a profile JSON, or None; got {type(profile).__name__}")
+    if observer is not None and not _has_methods(observer, "on_prefill", "on_step"):
+        raise InputError(f"observer= must be a DecodeObserver (on_prefill / on_step) or None; got {type(observer).__name__}")
+
+
+def _has_methods(value, *names: str) -> bool:
+    return all(callable(getattr(value, name, None)) for name in names)
+
+
+def _check_lengths(config: GenerationConfig) -> None:
+    """`generate` adds `max_new_tokens` to the prompt length unchecked: 2.5 or True would decode 2 or 1 tokens."""
+    for name in ("max_new_tokens", "max_length"):
+        value = getattr(config, name, None)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+            raise InputError(f"{name} must be an integer, got {value!r} ({type(value).__name__})")
+    if not isinstance(config.do_sample, bool):
+        raise InputError(f"do_sample must be True or False, got {config.do_sample!r} ({type(config.do_sample).__name__})")
 
 
 def _check_supported(input_ids, config: GenerationConfig, logits_processor, stopping_criteria, model_kwargs: dict) -> None:
@@ -190,11 +229,29 @@ def _sampling_settings(config: GenerationConfig) -> dict:
 
 
 def _eos_ids(config: GenerationConfig) -> list[int]:
-    """The generation config's EOS ids; an empty list (not None) so `SpecDecoder` does not fall back."""
+    """The generation config's EOS ids; an empty list (not None) so `SpecDecoder` does not fall back.
+
+    Non-integer ids are refused here rather than truncated (`int(2.5)` would stop at token 2);
+    `SpecDecoder` checks the range."""
     eos = config.eos_token_id
     if eos is None:
         return []
-    return [int(eos)] if isinstance(eos, int) else [int(t) for t in torch.as_tensor(eos).flatten().tolist()]
+    ids = torch.as_tensor(eos)
+    if ids.dtype == torch.bool or ids.dtype.is_floating_point or ids.dtype.is_complex:
+        raise InputError(f"eos_token_id must be integer token ids, got {eos!r}")
+    return ids.flatten().tolist()
+
+
+def _pad_id(config: GenerationConfig, eos: list[int]) -> int:
+    """The generation config's `pad_token_id` (a non-negative integer), else the first EOS id, else 0."""
+    pad = config.pad_token_id
+    if pad is None:
+        return eos[0] if eos else 0
+    if isinstance(pad, torch.Tensor) and pad.numel() == 1 and not pad.dtype.is_floating_point and pad.dtype != torch.bool:
+        pad = int(pad)
+    if isinstance(pad, bool) or not isinstance(pad, int) or pad < 0:
+        raise InputError(f"pad_token_id must be a non-negative integer token id, got {pad!r}")
+    return pad
 
 
 def _padded_after_eos(sequences: torch.Tensor, prompt_len: int, eos: set[int], pad: int) -> torch.Tensor:
