@@ -260,7 +260,7 @@ def run_soak(
         first_window=first, last_window=last, greedy_repeats_checked=checked, greedy_mismatches=greedy_bad,
         sampled_mismatches=sampled_bad,
         per_method={name: {"tokens": w.tokens, "seconds": w.seconds, "tokens_per_s": w.tokens_per_s}
-                    for name, w in per_method.items()},
+                    for name, w in per_method.items() if w.seconds},
     )
     return result
 
