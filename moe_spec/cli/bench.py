@@ -10,21 +10,27 @@ import platform
 import shlex
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import torch
 import transformers
 
 from moe_spec.cli.defaults import field_defaults
+from moe_spec.cli.option_types import (
+    device, experts_implementation, non_negative_int, positive_int, sampling_label, sampling_setting, seed, temperature,
+    top_k, top_p,
+)
 from moe_spec.policy.registry import STATIC_BEST, MethodContext, build_method, expand_methods, method_names, parse_methods
 from moe_spec.experiments.bench_plots import write_bench_plots
 from moe_spec.experiments.prompt_file import load_prompts
-from moe_spec.experiments.report import build_report, format_report, summary_line
+from moe_spec.experiments.report import build_report, format_report, format_table, summary_line
 from moe_spec.experiments.runner import RunSettings, run_methods
 from moe_spec.errors import InputError
 from moe_spec.profile.artifact import Profile
 from moe_spec.measure.store import DEFAULT_PROFILE, cached_profile_path, profile_for
-from moe_spec.loading import load_drafter, load_target, load_tokenizer, model_folder
+from moe_spec.loading import DTYPES, load_drafter, load_target, load_tokenizer, model_folder
+from moe_spec.core.sampling import SamplingConfig
 from moe_spec.core.target import TargetModel
 
 RUN_DEFAULTS = field_defaults(RunSettings)
@@ -40,21 +46,27 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--profile", default=None,
                         help="profile JSON for truncate / moe-aware (default: shipped, cached, or profiled now)")
     parser.add_argument("--plots", default=None, help="folder for PNG figures")
-    parser.add_argument("--max-new-tokens", type=int, default=RUN_DEFAULTS["max_new_tokens"])
-    parser.add_argument("--batch-size", type=int, default=RUN_DEFAULTS["batch_size"],
+    parser.add_argument("--max-new-tokens", type=positive_int, default=RUN_DEFAULTS["max_new_tokens"])
+    parser.add_argument("--batch-size", type=positive_int, default=RUN_DEFAULTS["batch_size"],
                         help="prompts of one class decoded together (left-padded)")
-    parser.add_argument("--temperature", type=float, default=RUN_DEFAULTS["temperature"], help="0: greedy")
-    parser.add_argument("--seed", type=int, default=RUN_DEFAULTS["seed"])
-    parser.add_argument("--repeats", type=int, default=RUN_DEFAULTS["repeats"],
+    parser.add_argument("--temperature", type=temperature, default=RUN_DEFAULTS["temperature"], help="0: greedy")
+    parser.add_argument("--top-k", type=top_k, default=RUN_DEFAULTS["top_k"], help="0: no top-k filter")
+    parser.add_argument("--top-p", type=top_p, default=RUN_DEFAULTS["top_p"], help="1: no nucleus filter")
+    parser.add_argument("--sampling", type=sampling_setting, nargs="+", default=None, metavar="SETTING",
+                        help="several sampling settings, each benched in turn and reported side by side, e.g. "
+                             "temperature=1 temperature=0.7,top_p=0.9 (replaces --temperature, --top-k, --top-p)")
+    parser.add_argument("--seed", type=seed, default=RUN_DEFAULTS["seed"])
+    parser.add_argument("--repeats", type=positive_int, default=RUN_DEFAULTS["repeats"],
                         help="passes over the prompts, methods interleaved; figures are totals (steadier on a busy machine)")
-    parser.add_argument("--limit", type=int, default=None, help="at most this many prompts per class (the first ones)")
-    parser.add_argument("--warmup-tokens", type=int, default=RUN_DEFAULTS["warmup_tokens"],
+    parser.add_argument("--limit", type=positive_int, default=None,
+                        help="at most this many prompts per class (the first ones)")
+    parser.add_argument("--warmup-tokens", type=non_negative_int, default=RUN_DEFAULTS["warmup_tokens"],
                         help="per method, before timing; 0: no warm-up")
-    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's own choice)")
-    parser.add_argument("--dtype", default="float32")
-    parser.add_argument("--experts-implementation", default="grouped_mm",
+    parser.add_argument("--threads", type=positive_int, default=None, help="torch threads (default: torch's own choice)")
+    parser.add_argument("--dtype", default="float32", choices=sorted(DTYPES))
+    parser.add_argument("--experts-implementation", type=experts_implementation, default="grouped_mm",
                         help="transformers' (grouped_mm, batched_mm, eager) or megablocks where installed")
-    parser.add_argument("--device", default="cpu", help="where the target and the draft head run (e.g. cuda)")
+    parser.add_argument("--device", type=device, default="cpu", help="where the target and the draft head run (e.g. cuda)")
     parser.add_argument("--json", dest="json_out", default=None, help="write the full report here")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     parser.add_argument("--trace", default=None, metavar="OUT",
@@ -65,10 +77,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> dict:
     requested = parse_methods(args.methods)
     names = expand_methods(requested)
-    if args.limit is not None and args.limit < 1:
-        raise InputError(f"--limit must be >= 1, got {args.limit}")
-    settings = RunSettings(args.max_new_tokens, args.temperature, args.seed, args.warmup_tokens, args.batch_size,
-                           args.repeats)
+    samplings = _samplings(args)
+    if args.trace is not None and len(samplings) > 1:
+        raise InputError("--trace records one sampling setting; give one --sampling (or --temperature / --top-k / --top-p)")
+    base = RunSettings(max_new_tokens=args.max_new_tokens, seed=args.seed, warmup_tokens=args.warmup_tokens,
+                       batch_size=args.batch_size, repeats=args.repeats)
     prompts = load_prompts(args.prompts, args.limit)
     if args.threads is not None:
         torch.set_num_threads(args.threads)
@@ -81,28 +94,70 @@ def run(args: argparse.Namespace) -> dict:
     context = MethodContext(target, lambda: load_drafter(args.drafter, target),
                             lambda: _profile(args, target, context, input_ids))
     methods = [build_method(name, context) for name in names]
-
-    runs = run_methods(target, methods, input_ids, settings, progress=False if args.no_progress else None,
-                       classes=[p.prompt_class for p in prompts])
+    classes = [p.prompt_class for p in prompts]
     meta = [{**p.meta, "prompt_tokens": int(ids.shape[1])} for p, ids in zip(prompts, input_ids)]
-    config = _config(args, model, names, settings)
-    if context.profile_source is not None:
-        config["profile"] = context.profile_source
-    report = build_report(runs, names, [p.prompt_class for p in prompts], meta, config,
-                          static_best=STATIC_BEST in requested)
-    if args.trace is not None:
-        config["trace"] = _trace(args, context, input_ids, [p.prompt_class for p in prompts], settings, config, runs)
-    if args.plots is not None:
-        config["plots"] = [str(p) for p in write_bench_plots(report, Path(args.plots))]
 
-    print(format_report(report))
+    reports = {}
+    for sampling in samplings:  # each setting in turn, every method interleaved within it
+        settings = replace(base, temperature=sampling.temperature, top_k=sampling.top_k, top_p=sampling.top_p)
+        runs = run_methods(target, methods, input_ids, settings, progress=False if args.no_progress else None,
+                           classes=classes)
+        config = _config(args, model, names, settings)
+        if context.profile_source is not None:
+            config["profile"] = context.profile_source
+        report = build_report(runs, names, classes, meta, config, static_best=STATIC_BEST in requested)
+        if args.trace is not None:
+            config["trace"] = _trace(args, context, input_ids, classes, settings, config, runs)
+        reports[sampling_label(sampling)] = report
+
+    if len(reports) == 1:
+        report = next(iter(reports.values()))
+        if args.plots is not None:
+            report["config"]["plots"] = [str(p) for p in write_bench_plots(report, Path(args.plots))]
+        print(format_report(report))
+        line = {"command": "bench", "json": args.json_out, **summary_line(report)}
+    else:
+        for label, one in reports.items():
+            if args.plots is not None:
+                one["config"]["plots"] = [str(p) for p in write_bench_plots(one, Path(args.plots) / label)]
+            print(f"=== sampling {label} ===\n{format_report(one)}\n")
+        side_by_side = _side_by_side(reports)
+        print(side_by_side)
+        report = {"sampling": list(reports), "reports": reports}
+        line = {"command": "bench", "json": args.json_out,
+                "sampling": {label: summary_line(one) for label, one in reports.items()}}
     if args.json_out is not None:
         out = Path(args.json_out)
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(json.dumps(report, indent=1) + "\n")
-    line = {"command": "bench", "json": args.json_out, **summary_line(report)}
     print(json.dumps(line))
     return report
+
+
+def _samplings(args: argparse.Namespace) -> list[SamplingConfig]:
+    """--sampling's settings, else the one of --temperature, --top-k and --top-p."""
+    single = SamplingConfig(args.temperature, args.top_k, args.top_p)
+    if args.sampling is None:
+        return [single]
+    if single != SamplingConfig():
+        raise InputError("--sampling replaces --temperature, --top-k and --top-p; leave those at their defaults "
+                         f"(got {sampling_label(single)})")
+    labels = [sampling_label(s) for s in args.sampling]
+    repeated = sorted({label for label in labels if labels.count(label) > 1})
+    if repeated:
+        raise InputError(f"--sampling lists {', '.join(repeated)} more than once")
+    return list(args.sampling)
+
+
+def _side_by_side(reports: dict[str, dict]) -> str:
+    """One row per method, each sampling setting's speedup and accepted length in adjacent columns."""
+    first = next(iter(reports.values()))
+    figures = {method: {f"{label}|{key}": reports[label]["methods"][method][key]
+                        for label in reports for key in ("speedup_vs_ar", "mean_accept_len")}
+               for method in first["methods"]}
+    columns = tuple(column for label in reports for column in (
+        (f"{label} speedup", f"{label}|speedup_vs_ar", "{:.2f}x"), ("accept", f"{label}|mean_accept_len", "{:.2f}")))
+    return format_table(figures, "sampling settings side by side (all prompts)", columns)
 
 
 def _trace(args: argparse.Namespace, context: MethodContext, input_ids, classes, settings: RunSettings,
@@ -152,6 +207,8 @@ def _config(args: argparse.Namespace, model, names: list[str], settings: RunSett
         "max_new_tokens": settings.max_new_tokens,
         "batch_size": settings.batch_size,
         "temperature": settings.temperature,
+        "top_k": settings.top_k,
+        "top_p": settings.top_p,
         "seed": settings.seed,
         "warmup_tokens": settings.warmup_tokens,
         "repeats": settings.repeats,
@@ -174,13 +231,17 @@ def _command_line(args: argparse.Namespace) -> str:
     parts = ["moe-spec", "bench"]
     for flag, value in (("--model", args.model), ("--drafter", args.drafter), ("--prompts", args.prompts),
                         ("--methods", args.methods), ("--max-new-tokens", args.max_new_tokens),
-                        ("--temperature", args.temperature), ("--seed", args.seed), ("--limit", args.limit),
+                        ("--batch-size", args.batch_size), ("--repeats", args.repeats),
+                        ("--temperature", args.temperature), ("--top-k", args.top_k), ("--top-p", args.top_p),
+                        ("--seed", args.seed), ("--limit", args.limit),
                         ("--warmup-tokens", args.warmup_tokens), ("--threads", args.threads), ("--dtype", args.dtype),
                         ("--experts-implementation", args.experts_implementation), ("--device", args.device),
                         ("--json", args.json_out),
                         ("--trace", args.trace)):
         if value is not None:
             parts += [flag, str(value)]
+    if args.sampling is not None:
+        parts += ["--sampling", *(sampling_label(s) for s in args.sampling)]
     return shlex.join(parts)
 
 

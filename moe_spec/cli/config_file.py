@@ -11,8 +11,10 @@ Keys are the command's long option names, with dashes or underscores (`max-new-t
 `max_new_tokens`; the option's `dest` works too). Values go through the same `type` and `choices`
 as on the command line; a flag is `true` / `false`; a list is written as a YAML list, and for an
 option that takes one comma-separated string (`methods`, `per-expert-scale`) it is joined with
-commas; `null` keeps an option whose default is None unset. Relative paths are taken from the
-working directory, as on the command line.
+commas; a mapping is written as one `key=value,key=value` token (`sampling: [{temperature: 0.7,
+top_p: 0.9}]` for `--sampling temperature=0.7,top_p=0.9`); `null` keeps an option whose default is
+None unset. Relative paths are taken from the working directory, as on the command line. Values
+are checked by the option's own `type` (ranges included, see `option_types`).
 
 Precedence: command-line flags, then the file, then the command's defaults. A flag given on the
 command line also displaces the file's value for the other members of its mutually exclusive group
@@ -147,7 +149,9 @@ def _scalar(action: argparse.Action, value, where: str):
     text = str(_plain(value, action, where))
     try:
         converted = action.type(text) if action.type is not None else text
-    except (argparse.ArgumentTypeError, TypeError, ValueError) as error:
+    except argparse.ArgumentTypeError as error:  # the option's own type says what it expected
+        raise ConfigError(f"{where}: {_long_name(action)}: {error}") from None
+    except (TypeError, ValueError) as error:
         kind = getattr(action.type, "__name__", "value")
         raise ConfigError(f"{where}: invalid {kind} value {value!r} for {_long_name(action)}: {error}") from None
     if action.choices is not None and converted not in action.choices:
@@ -157,7 +161,10 @@ def _scalar(action: argparse.Action, value, where: str):
 
 
 def _plain(value, action: argparse.Action, where: str):
-    """A string or number, as one command-line token would be (YAML booleans and mappings are not)."""
+    """A string or number, as one command-line token would be (YAML booleans are not); a mapping of
+    names to strings or numbers becomes one `key=value,key=value` token."""
+    if isinstance(value, dict) and value and all(isinstance(k, str) for k in value):
+        return ",".join(f"{key}={_plain(item, action, where)}" for key, item in value.items())
     if isinstance(value, bool) or not isinstance(value, (str, int, float)):
         raise ConfigError(f"{where}: {_long_name(action)} takes a string or number, got {value!r}")
     return value

@@ -3,8 +3,8 @@
 
 A small `moe-spec bench`: a few held-out prompts (one code, one prose, one copy-heavy; the first of
 each class in `configs/bench/heldout.jsonl`, rebuilt from the corpus so an installed package
-needs no prompt file), `ar`, `eagle2` and `moe-aware` interleaved, greedy. Prints one continuation, a table
-and a JSON line.
+needs no prompt file), `ar`, `eagle2` and `moe-aware` interleaved, greedy unless `--temperature` (with `--top-k`,
+`--top-p`) samples. Prints one continuation, a table and a JSON line.
 """
 
 from __future__ import annotations
@@ -13,6 +13,8 @@ import argparse
 import json
 
 from moe_spec.cli.defaults import field_defaults
+from moe_spec.cli.option_types import positive_int, sampling_label, seed, temperature, top_k, top_p
+from moe_spec.core.sampling import SamplingConfig
 from moe_spec.policy.registry import MethodContext, build_method
 from moe_spec.experiments.prompt_sets import build_prompt_sets
 from moe_spec.experiments.prompt_file import Prompt, load_prompts
@@ -39,11 +41,15 @@ COLUMNS = (
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default=None, help="model folder (default: the embedded target)")
     parser.add_argument("--drafter", default="default", help="'default' (the embedded head), 'lookup' or a head folder")
-    parser.add_argument("--max-new-tokens", type=int, default=RUN_DEFAULTS["max_new_tokens"])
+    parser.add_argument("--max-new-tokens", type=positive_int, default=RUN_DEFAULTS["max_new_tokens"])
+    parser.add_argument("--temperature", type=temperature, default=RUN_DEFAULTS["temperature"], help="0: greedy")
+    parser.add_argument("--top-k", type=top_k, default=RUN_DEFAULTS["top_k"], help="0: no top-k filter")
+    parser.add_argument("--top-p", type=top_p, default=RUN_DEFAULTS["top_p"], help="1: no nucleus filter")
+    parser.add_argument("--seed", type=seed, default=RUN_DEFAULTS["seed"], help="of the sampling generators")
     parser.add_argument("--prompts", default=None,
                         help="JSON-lines prompt file; the first prompt of each class, three at most "
                              "(default: code, prose and copy prompts built from the held-out corpus)")
-    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's own choice)")
+    parser.add_argument("--threads", type=positive_int, default=None, help="torch threads (default: torch's own choice)")
 
 
 def run(args: argparse.Namespace) -> dict:
@@ -62,7 +68,9 @@ def run(args: argparse.Namespace) -> dict:
     context = MethodContext(target, lambda: load_drafter(args.drafter, target), lambda: Profile.load(DEFAULT_PROFILE, target))
     methods = [build_method(name, context) for name in names]
     input_ids = [p.input_ids(tokenizer) for p in prompts]
-    runs = run_methods(target, methods, input_ids, RunSettings(max_new_tokens=args.max_new_tokens))
+    settings = RunSettings(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
+                           top_p=args.top_p, seed=args.seed)
+    runs = run_methods(target, methods, input_ids, settings)
     classes = [p.prompt_class for p in prompts]
     report = build_report(runs, names, classes, [{} for _ in prompts], config={"demo": True})
 
@@ -75,13 +83,20 @@ def run(args: argparse.Namespace) -> dict:
     print("--- eagle2 continuation ---")
     print(_decode(tokenizer, list(first["eagle2"])))
     print("---")
+    sampling = SamplingConfig(args.temperature, args.top_k, args.top_p)
     print(format_table(report["methods"], f"{len(prompts)} prompts ({', '.join(classes)}), "
-                                          f"{args.max_new_tokens} new tokens each, greedy", COLUMNS))
-    print(f"every method's output identical to ar on every prompt: {'yes' if identical else 'NO'}")
+                                          f"{args.max_new_tokens} new tokens each, "
+                                          f"{'greedy' if sampling.greedy else 'sampled: ' + sampling_label(sampling)}",
+                       COLUMNS))
+    if sampling.greedy:
+        print(f"every method's output identical to ar on every prompt: {'yes' if identical else 'NO'}")
+    else:  # each method samples the target's distribution, but draws its random numbers differently
+        print("sampled: each method's output follows the target's distribution; the draws differ by method")
     summary = {
         "command": "demo",
         "prompts": classes,
-        "identical_to_ar": identical,
+        "sampling": sampling_label(sampling),
+        "identical_to_ar": identical if sampling.greedy else None,  # sampled draws differ by method
         "methods": {m: {key: f[key] for _, key, _ in COLUMNS} for m, f in report["methods"].items()},
     }
     print(json.dumps(summary))

@@ -14,11 +14,12 @@ import json
 import torch
 
 from moe_spec.cli.defaults import field_defaults
+from moe_spec.cli.option_types import experts_implementation, positive_int, seed, temperature, top_k, top_p
 from moe_spec.core.engine import SpecDecoder
 from moe_spec.core.target import TargetModel
 from moe_spec.errors import InputError
 from moe_spec.experiments.runner import RunSettings
-from moe_spec.loading import load_drafter, load_target, load_tokenizer
+from moe_spec.loading import DTYPES, load_drafter, load_target, load_tokenizer
 from moe_spec.measure.store import DEFAULT_PROFILE
 from moe_spec.policy.registry import Method, MethodContext, build_method, check_runnable, method_names
 from moe_spec.profile.artifact import Profile
@@ -37,28 +38,37 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "default: the drafter's own tree")
     parser.add_argument("--profile", default=None,
                         help="profile JSON for truncate / moe-aware (default: the embedded pair's shipped profile)")
-    parser.add_argument("--max-new-tokens", type=int, default=RUN_DEFAULTS["max_new_tokens"])
-    parser.add_argument("--temperature", type=float, default=RUN_DEFAULTS["temperature"], help="0: greedy")
-    parser.add_argument("--top-k", type=int, default=0)
-    parser.add_argument("--top-p", type=float, default=1.0)
-    parser.add_argument("--seed", type=int, default=RUN_DEFAULTS["seed"])
-    parser.add_argument("--dtype", default="float32")
-    parser.add_argument("--experts-implementation", default="grouped_mm")
+    parser.add_argument("--max-new-tokens", type=positive_int, default=RUN_DEFAULTS["max_new_tokens"])
+    parser.add_argument("--temperature", type=temperature, default=RUN_DEFAULTS["temperature"], help="0: greedy")
+    parser.add_argument("--top-k", type=top_k, default=RUN_DEFAULTS["top_k"], help="0: no top-k filter")
+    parser.add_argument("--top-p", type=top_p, default=RUN_DEFAULTS["top_p"], help="1: no nucleus filter")
+    parser.add_argument("--seed", type=seed, default=RUN_DEFAULTS["seed"])
+    parser.add_argument("--dtype", default="float32", choices=sorted(DTYPES))
+    parser.add_argument("--experts-implementation", type=experts_implementation, default="grouped_mm")
     parser.add_argument("--json", action="store_true", help="end with one JSON line")
 
 
 def run(args: argparse.Namespace) -> dict:
     if args.method is not None:
         check_runnable(args.method)  # before loading anything
+    if args.prompt is not None and not args.prompt:
+        raise InputError("--prompt is empty; give some text (or --prompt-ids)")
+    prompt_ids = _prompt_ids(args.prompt_ids) if args.prompt_ids is not None else None
     model = load_target(args.model, dtype=args.dtype, experts_implementation=args.experts_implementation)
     tokenizer = load_tokenizer(args.model)
+    target = TargetModel(model)
     if args.prompt is not None:
         if tokenizer is None:
             raise InputError(f"the model folder {args.model} has no tokenizer; pass --prompt-ids")
         input_ids = tokenizer(args.prompt, return_tensors="pt").input_ids
+        if input_ids.shape[1] == 0:
+            raise InputError(f"--prompt {args.prompt!r} tokenizes to nothing; give some text")
     else:
-        input_ids = torch.tensor([[int(t) for t in args.prompt_ids.split()]])
-    target = TargetModel(model)
+        outside = sorted({t for t in prompt_ids if t >= target.vocab_size})
+        if outside:
+            raise InputError(f"--prompt-ids has token ids outside the model's vocabulary [0, {target.vocab_size}): "
+                             f"{outside[:8]}")
+        input_ids = torch.tensor([prompt_ids])
     method = _method(args, target)
     decoder = SpecDecoder(target, drafter=method.drafter, controller=method.controller)
     result = decoder.generate(
@@ -84,6 +94,20 @@ def run(args: argparse.Namespace) -> dict:
     if args.json:
         print(json.dumps(summary))
     return summary
+
+
+def _prompt_ids(text: str) -> list[int]:
+    """--prompt-ids: token ids separated by spaces (or commas), each an integer >= 0."""
+    parts = text.replace(",", " ").split()
+    if not parts:
+        raise InputError("--prompt-ids is empty; give at least one token id")
+    try:
+        ids = [int(t) for t in parts]
+    except ValueError:
+        raise InputError(f"--prompt-ids must be integer token ids separated by spaces, got {text!r}") from None
+    if min(ids) < 0:
+        raise InputError(f"--prompt-ids must be token ids >= 0, got {min(ids)}")
+    return ids
 
 
 def _method(args: argparse.Namespace, target: TargetModel) -> Method:

@@ -7,6 +7,7 @@ import argparse
 import json
 import time
 
+from moe_spec.cli.option_types import device, seed
 from moe_spec.loading import DTYPES
 from moe_spec.testing.random_models import SHAPES, random_model
 
@@ -15,8 +16,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--shape", required=True, choices=SHAPES)
     parser.add_argument("--out", required=True)
     parser.add_argument("--dtype", default="bfloat16", choices=sorted(DTYPES))
-    parser.add_argument("--device", default="cpu", help="where the weights are initialised (e.g. cuda: seconds for 7B)")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--device", type=device, default="cpu", help="where the weights are initialised (e.g. cuda: seconds for 7B)")
+    parser.add_argument("--seed", type=seed, default=0)
 
 
 def run(args: argparse.Namespace) -> dict:

@@ -5,13 +5,14 @@ from __future__ import annotations
 import argparse
 import json
 
+from moe_spec.cli.option_types import seed
 from moe_spec.testing.tiny_models import TINY_CONFIGS, tiny_model
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--arch", default="qwen3_moe", choices=sorted(TINY_CONFIGS))
     parser.add_argument("--out", required=True)
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=seed, default=0)
 
 
 def run(args: argparse.Namespace) -> dict:

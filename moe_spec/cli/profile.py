@@ -21,6 +21,7 @@ import torch
 from tqdm import tqdm
 
 from moe_spec.cli.defaults import field_defaults
+from moe_spec.cli.option_types import device, experts_implementation, non_negative_int, positive_int, seed
 from moe_spec.core.drafting import EAGLE2_BUDGET, TreeBudget
 from moe_spec.errors import InputError
 from moe_spec.loading import load_drafter, load_target, load_tokenizer, model_folder
@@ -43,32 +44,32 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--prompts", type=Path, required=True, help="JSONL file, one {\"prompt\": ...} per line")
     parser.add_argument("--out", type=Path, required=True, help="profile JSON to write (arrays go beside it as .npz)")
     parser.add_argument("--plots", type=Path, default=None, help="folder for PNG figures")
-    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's setting)")
+    parser.add_argument("--threads", type=positive_int, default=None, help="torch threads (default: torch's setting)")
     parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"))
-    parser.add_argument("--experts-implementation", default="grouped_mm",
+    parser.add_argument("--experts-implementation", type=experts_implementation, default="grouped_mm",
                         help="transformers' (grouped_mm, batched_mm, eager) or megablocks where installed")
-    parser.add_argument("--device", default="cpu", help="where the target runs (e.g. cuda)")
-    parser.add_argument("--evict-mb", type=int, default=TIMING["evict_mb"],
+    parser.add_argument("--device", type=device, default="cpu", help="where the target runs (e.g. cuda)")
+    parser.add_argument("--evict-mb", type=non_negative_int, default=TIMING["evict_mb"],
                         help="buffer written before each timed run (0: warm caches)")
     parser.add_argument(
         "--statistic", default=TIMING["statistic"], choices=("min", "median"),
         help="of the timed repeats (both are stored); 'min' resists load from other jobs on a shared machine",
     )
     parser.add_argument("--per-layer-cost", action="store_true", help="fit one expert cost per MoE layer")
-    parser.add_argument("--seed", type=int, default=SETTINGS["seed"])
+    parser.add_argument("--seed", type=seed, default=SETTINGS["seed"])
     # short settings for tests and quick looks
     hidden = argparse.SUPPRESS
-    parser.add_argument("--max-new-tokens", type=int, default=SETTINGS["max_new_tokens"], help=hidden)
-    parser.add_argument("--max-prompts", type=int, default=None, help=hidden)
-    parser.add_argument("--repeats", type=int, default=TIMING["repeats"], help=hidden)
-    parser.add_argument("--warmup", type=int, default=TIMING["warmup"], help=hidden)
+    parser.add_argument("--max-new-tokens", type=positive_int, default=SETTINGS["max_new_tokens"], help=hidden)
+    parser.add_argument("--max-prompts", type=positive_int, default=None, help=hidden)
+    parser.add_argument("--repeats", type=positive_int, default=TIMING["repeats"], help=hidden)
+    parser.add_argument("--warmup", type=non_negative_int, default=TIMING["warmup"], help=hidden)
     parser.add_argument("--grid-tokens", type=_int_list, default=SETTINGS["grid_tokens"], help=hidden)
     parser.add_argument("--grid-experts", type=_int_list, default=SETTINGS["grid_experts"], help=hidden)
-    parser.add_argument("--natural-trees", type=int, default=SETTINGS["natural_trees"], help=hidden)
+    parser.add_argument("--natural-trees", type=non_negative_int, default=SETTINGS["natural_trees"], help=hidden)
     parser.add_argument("--batch-sizes", type=_int_list, default=SETTINGS["batch_sizes"], help=hidden)
-    parser.add_argument("--prefix-len", type=int, default=SETTINGS["prefix_len"], help=hidden)
-    parser.add_argument("--tree-nodes", type=int, default=None, help=hidden)
-    parser.add_argument("--tree-depth", type=int, default=None, help=hidden)
+    parser.add_argument("--prefix-len", type=positive_int, default=SETTINGS["prefix_len"], help=hidden)
+    parser.add_argument("--tree-nodes", type=positive_int, default=None, help=hidden)
+    parser.add_argument("--tree-depth", type=positive_int, default=None, help=hidden)
 
 
 def _int_list(text: str) -> tuple[int, ...]:

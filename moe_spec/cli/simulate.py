@@ -15,9 +15,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 from dataclasses import replace
 from pathlib import Path
 
+from moe_spec.cli.option_types import positive_float, positive_int
 from moe_spec.experiments.report import format_table
 from moe_spec.profile.cost_model import CostModel
 from moe_spec.errors import InputError
@@ -54,9 +56,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"comma-separated: {method_names()}")
     parser.add_argument("--model", default=None, help="model folder whose config.json gives the shapes for analytic "
                                                        "cost models (default: the traced model)")
-    parser.add_argument("--context-tokens", type=int, default=None,
+    parser.add_argument("--context-tokens", type=positive_int, default=None,
                         help="KV-cache length for analytic cost models (default: the trace's mean prefix length)")
-    parser.add_argument("--bytes-per-param", type=float, default=None,
+    parser.add_argument("--bytes-per-param", type=positive_float, default=None,
                         help="weight bytes per parameter for analytic cost models (default: the device's, bf16)")
     parser.add_argument("--draft-time", default="scaled", choices=DRAFT_TIMES,
                         help="scaled: recorded draft time times the simulated / profiled non-expert cost (default); "
@@ -70,7 +72,7 @@ def _scales(text: str) -> tuple[float, ...]:
         values = tuple(float(v) for v in text.split(",") if v.strip())
     except ValueError as error:
         raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}") from error
-    if not values or min(values) <= 0:
+    if not values or min(values) <= 0 or not all(math.isfinite(v) for v in values):
         raise argparse.ArgumentTypeError(f"expected positive numbers, got {text!r}")
     return values
 

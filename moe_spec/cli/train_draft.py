@@ -16,7 +16,7 @@ import sys
 import torch
 
 from moe_spec.cli.defaults import field_defaults
-from moe_spec.errors import InputError
+from moe_spec.cli.option_types import non_negative_int, positive_float, positive_int, seed
 from moe_spec.training.train_draft import DraftTrainSettings, load_target, text_data, train_draft
 
 DEFAULTS = field_defaults(DraftTrainSettings)
@@ -26,17 +26,17 @@ DEFAULT_THREADS = 1
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--target", required=True, help="folder of the target model (and its tokenizer)")
     parser.add_argument("--out", required=True, help="folder for the draft head")
-    parser.add_argument("--minutes", type=float, default=DEFAULTS["minutes"],
+    parser.add_argument("--minutes", type=positive_float, default=DEFAULTS["minutes"],
                         help="training time budget (ignored with --steps)")
-    parser.add_argument("--steps", type=int, default=DEFAULTS["steps"], help="fixed number of steps (reproducible)")
-    parser.add_argument("--seed", type=int, default=DEFAULTS["seed"])
-    parser.add_argument("--draft-vocab", type=int, default=DEFAULTS["draft_vocab"],
+    parser.add_argument("--steps", type=positive_int, default=DEFAULTS["steps"], help="fixed number of steps (reproducible)")
+    parser.add_argument("--seed", type=seed, default=DEFAULTS["seed"])
+    parser.add_argument("--draft-vocab", type=positive_int, default=DEFAULTS["draft_vocab"],
                         help="size of the reduced draft vocabulary")
     parser.add_argument("--prompts", nargs="+", default=None, help="text files to train on instead of the corpus")
-    parser.add_argument("--threads", type=int, default=DEFAULT_THREADS, help="torch CPU threads")
-    parser.add_argument("--batch-size", type=int, default=DEFAULTS["batch_size"])
-    parser.add_argument("--ttt-steps", type=int, default=DEFAULTS["ttt_steps"], help="passes of the training-time test")
-    parser.add_argument("--head-intermediate", type=int, default=DEFAULTS["head_intermediate"],
+    parser.add_argument("--threads", type=positive_int, default=DEFAULT_THREADS, help="torch CPU threads")
+    parser.add_argument("--batch-size", type=positive_int, default=DEFAULTS["batch_size"])
+    parser.add_argument("--ttt-steps", type=positive_int, default=DEFAULTS["ttt_steps"], help="passes of the training-time test")
+    parser.add_argument("--head-intermediate", type=non_negative_int, default=DEFAULTS["head_intermediate"],
                         help="the head's MLP width (0: 4 x hidden)")
 
 
@@ -48,8 +48,6 @@ def settings_from_args(args: argparse.Namespace) -> DraftTrainSettings:
 
 
 def run(args: argparse.Namespace) -> dict:
-    if args.threads < 1:
-        raise InputError(f"--threads must be >= 1, got {args.threads}")
     torch.set_num_threads(args.threads)
     settings = settings_from_args(args)
     target, tokenizer = load_target(args.target)

@@ -17,7 +17,7 @@ from dataclasses import replace
 import torch
 
 from moe_spec.cli.defaults import field_defaults
-from moe_spec.errors import InputError
+from moe_spec.cli.option_types import positive_float, positive_int, seed
 from moe_spec.training.train_target import TINY_SHAPE, TrainSettings, train
 
 DEFAULTS = field_defaults(TrainSettings)
@@ -26,14 +26,14 @@ DEFAULT_THREADS = 1  # the embedded target was trained on one thread
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", required=True, help="run folder; the model lands in OUT/model")
-    parser.add_argument("--minutes", type=float, default=DEFAULTS["minutes"], help="training time budget")
-    parser.add_argument("--seed", type=int, default=DEFAULTS["seed"])
-    parser.add_argument("--threads", type=int, default=DEFAULT_THREADS, help="torch CPU threads")
+    parser.add_argument("--minutes", type=positive_float, default=DEFAULTS["minutes"], help="training time budget")
+    parser.add_argument("--seed", type=seed, default=DEFAULTS["seed"])
+    parser.add_argument("--threads", type=positive_int, default=DEFAULT_THREADS, help="torch CPU threads")
     hidden = argparse.SUPPRESS
     parser.add_argument("--tiny", action="store_true", help=hidden)
-    parser.add_argument("--max-steps", type=int, default=DEFAULTS["max_steps"], help=hidden)
-    parser.add_argument("--stop-after-steps", type=int, default=DEFAULTS["stop_after_steps"], help=hidden)
-    parser.add_argument("--checkpoint-every-s", type=float, default=DEFAULTS["checkpoint_every_s"], help=hidden)
+    parser.add_argument("--max-steps", type=positive_int, default=DEFAULTS["max_steps"], help=hidden)
+    parser.add_argument("--stop-after-steps", type=positive_int, default=DEFAULTS["stop_after_steps"], help=hidden)
+    parser.add_argument("--checkpoint-every-s", type=positive_float, default=DEFAULTS["checkpoint_every_s"], help=hidden)
 
 
 def settings_from_args(args: argparse.Namespace) -> TrainSettings:
@@ -50,8 +50,6 @@ def settings_from_args(args: argparse.Namespace) -> TrainSettings:
 
 
 def run(args: argparse.Namespace) -> dict:
-    if args.threads < 1:
-        raise InputError(f"--threads must be >= 1, got {args.threads}")
     torch.set_num_threads(args.threads)
     os.environ.setdefault("RAYON_NUM_THREADS", str(args.threads))  # tokenizers' thread pool
     meta = train(settings_from_args(args), command=shlex.join(sys.orig_argv))

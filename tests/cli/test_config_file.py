@@ -9,6 +9,7 @@ import pytest
 
 from moe_spec.cli.main import COMMANDS, _command_parser, build_parser, main
 from moe_spec.cli.config_file import ConfigError, load_config, parse_args
+from moe_spec.core.sampling import SamplingConfig
 
 from moe_spec.testing.helpers import REPETITIVE_PROMPT
 
@@ -61,7 +62,8 @@ def test_list_options_take_yaml_lists(tmp_path):
 
 @pytest.mark.parametrize("text, message", [
     ("archh: olmoe\n", "unknown key 'archh'.*did you mean 'arch'"),
-    ("seed: abc\n", "seed: invalid int value 'abc'"),
+    ("seed: abc\n", "seed: --seed: expected an integer, got 'abc'"),
+    ("seed: -1\n", r"seed: --seed: expected a seed in \[0, 2\*\*32\), got '-1'"),
     ("arch: nope\n", "'nope' is not a choice of --arch"),
     ("seed: true\n", "--seed takes a string or number"),
     ("config: other.yaml\n", "unknown key 'config'"),
@@ -110,7 +112,8 @@ def test_the_default_bench_config_reproduces_the_default_bench():
     assert (args.prompts, args.limit, args.max_new_tokens, args.threads, args.temperature) == (
         "configs/bench/heldout.jsonl", 2, 48, 1, 0.0)
     sampling = parse(["bench", "--config", str(CONFIGS / "bench_sampling.yaml")])
-    assert sampling.temperature == 1.0 and sampling.methods == args.methods
+    assert sampling.sampling == [SamplingConfig(1.0), SamplingConfig(0.7, top_p=0.9)]
+    assert sampling.methods == args.methods and sampling.temperature == 0.0
 
 
 def test_generate_runs_from_a_config_file(tmp_path, capsys):

@@ -192,8 +192,10 @@ def test_repeated_passes_add_up_and_keep_one_entry_per_prompt(tmp_path):
     assert len(reports[3]["per_prompt"]) == 2
     assert [p["methods"]["static:4"]["new_ids"] for p in reports[3]["per_prompt"]] == [
         p["methods"]["static:4"]["new_ids"] for p in reports[1]["per_prompt"]]
-    assert main(["bench", "--model", str(tmp_path / "model"), "--prompts", str(tmp_path / "p.jsonl"), "--repeats", "0",
-                 "--no-progress"]) == 2
+    with pytest.raises(SystemExit) as refused:  # argparse refuses --repeats 0 while parsing (exit status 2)
+        main(["bench", "--model", str(tmp_path / "model"), "--prompts", str(tmp_path / "p.jsonl"), "--repeats", "0",
+              "--no-progress"])
+    assert refused.value.code == 2
 
 
 def test_a_foreign_corpus_holds_out_every_parsable_non_test_file(tmp_path):
