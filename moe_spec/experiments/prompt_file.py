@@ -26,7 +26,10 @@ class Prompt:
         if tokenizer is None:
             raise InputError("the prompt file has text prompts but the model folder has no tokenizer; "
                              "give `prompt_ids` instead")
-        return tokenizer(self.text, return_tensors="pt").input_ids
+        ids = tokenizer(self.text, return_tensors="pt").input_ids
+        if ids.shape[1] == 0:
+            raise InputError(f"the {self.prompt_class!r} prompt {self.text[:40]!r} tokenizes to nothing")
+        return ids
 
     def to_json(self) -> dict:
         body = {"prompt": self.text} if self.text is not None else {"prompt_ids": list(self.ids)}
@@ -36,11 +39,18 @@ class Prompt:
 def load_prompts(path: str | Path, limit_per_class: int | None = None) -> list[Prompt]:
     """The prompts of a JSON-lines file, in file order (the first `limit_per_class` of each class)."""
     path = Path(path)
+    if limit_per_class is not None and (isinstance(limit_per_class, bool) or not isinstance(limit_per_class, int)
+                                        or limit_per_class < 1):
+        raise InputError(f"limit_per_class must be an integer >= 1 or None, got {limit_per_class!r}")
     if not path.is_file():
         raise InputError(f"no prompt file at {path}")
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as error:
+        raise InputError(f"{path} is not UTF-8 text ({error.reason} at byte {error.start})") from None
     prompts: list[Prompt] = []
     taken: dict[str, int] = {}
-    for number, line in enumerate(path.read_text().splitlines(), start=1):
+    for number, line in enumerate(text.splitlines(), start=1):
         if not line.strip():
             continue
         prompt = _parse_line(line, f"{path}:{number}")
@@ -61,7 +71,9 @@ def _parse_line(line: str, where: str) -> Prompt:
     if not isinstance(raw, dict):
         raise InputError(f"{where}: expected a JSON object")
     text, ids = raw.pop("prompt", None), raw.pop("prompt_ids", None)
-    prompt_class = str(raw.pop("class", "all"))
+    prompt_class = raw.pop("class", "all")
+    if not isinstance(prompt_class, str) or not prompt_class:
+        raise InputError(f"{where}: `class` must be a non-empty string, got {prompt_class!r}")
     if (text is None) == (ids is None):
         raise InputError(f"{where}: give exactly one of `prompt` (text) and `prompt_ids`")
     if text is not None and (not isinstance(text, str) or not text):
@@ -69,5 +81,7 @@ def _parse_line(line: str, where: str) -> Prompt:
     if ids is not None:
         if not isinstance(ids, list) or not ids or not all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
             raise InputError(f"{where}: `prompt_ids` must be a non-empty list of integers")
+        if min(ids) < 0:
+            raise InputError(f"{where}: `prompt_ids` must be token ids >= 0, got {min(ids)}")
         ids = tuple(ids)
     return Prompt(prompt_class, text, ids, raw)
