@@ -16,6 +16,7 @@ Rerunning the same command resumes from `OUT/checkpoint/`. The run ends with `OU
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
@@ -27,16 +28,22 @@ from pathlib import Path
 
 import torch
 import transformers
+from safetensors.torch import save_file
 from tqdm import tqdm
 from transformers import AutoModelForCausalLM, AutoTokenizer, DeepseekV3Config, PreTrainedModel
 
+from moe_spec.errors import MoeSpecError
+from moe_spec.tensor_file import check_expected, read_header, read_tensors
 from moe_spec.training.corpus import SourceFile, load_corpus
 from moe_spec.training.tokenizer_training import encode_documents, train_tokenizer
 
 # Not saved in config.json: whoever loads the model passes it again (FINDINGS: 2.4x eager on CPU).
 EXPERTS_IMPLEMENTATION = "grouped_mm"
 META_FILE = "moe_spec_meta.json"
-CHECKPOINT_FILE = "checkpoint/state.pt"  # under OUT
+CHECKPOINT_DIR = "checkpoint"  # under OUT: STATE_FILE and the weights file it names
+STATE_FILE = "state.json"
+LEGACY_CHECKPOINT = "state.pt"  # pickled; never read
+CHECKPOINT_FORMAT = "moe_spec.train_target_checkpoint.v1"
 LOG_FILE = "train_log.jsonl"  # under OUT
 _UNTIMED_STEPS = 2  # the first steps pay one-off costs and are left out of the calibration
 
@@ -328,30 +335,90 @@ def _append_log(path: Path, record: dict) -> None:
         f.write(json.dumps(record) + "\n")
 
 
-def _save_checkpoint(path: Path, model, optimizer, progress: Progress, settings: TrainSettings) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    torch.save(
-        {
-            "model": model.state_dict(),
-            "optimizer": optimizer.state_dict(),
-            "torch_rng": torch.get_rng_state(),
-            "progress": asdict(progress),
-            "resume_key": settings.resume_key(),
-        },
-        tmp,
-    )
-    os.replace(tmp, path)
+class CheckpointError(MoeSpecError):
+    """A checkpoint that cannot be resumed: unreadable, corrupt, or written by another run or format."""
 
 
-def _load_checkpoint(path: Path, model, optimizer, settings: TrainSettings) -> Progress:
-    state = torch.load(path, map_location="cpu", weights_only=False)
-    if state["resume_key"] != settings.resume_key():
-        raise ValueError(f"{path} was written with other settings; use another --out or delete it")
-    model.load_state_dict(state["model"])
-    optimizer.load_state_dict(state["optimizer"])
-    torch.set_rng_state(state["torch_rng"])
-    return Progress(**state["progress"])
+def _save_checkpoint(directory: Path, model, optimizer, progress: Progress, settings: TrainSettings) -> None:
+    """`directory`/weights-STEP.safetensors (model and optimizer tensors) and `directory`/state.json
+    (the rest, RNG state as a list of bytes). No pickle: a checkpoint is data, never code. state.json
+    names its weights file and is replaced last, so a crash between the two writes leaves the
+    previous checkpoint whole."""
+    directory.mkdir(parents=True, exist_ok=True)
+    weights = f"weights-{progress.step}.safetensors"
+    tensors, stored = {}, set()
+    for name, tensor in model.state_dict().items():
+        tensor = tensor.detach().contiguous()
+        if tensor.data_ptr() in stored:  # a tied weight (lm_head = embed_tokens): safetensors stores no aliases
+            tensor = tensor.clone()
+        stored.add(tensor.data_ptr())
+        tensors[f"model.{name}"] = tensor
+    optimizer_state = optimizer.state_dict()["state"]
+    for index, state in optimizer_state.items():
+        tensors.update({f"optimizer.{index}.{key}": _as_tensor(value).contiguous() for key, value in state.items()})
+    save_file(tensors, str(directory / (weights + ".tmp")))
+    os.replace(directory / (weights + ".tmp"), directory / weights)
+    state = {
+        "format": CHECKPOINT_FORMAT,
+        "weights": weights,
+        "weights_sha256": hashlib.sha256((directory / weights).read_bytes()).hexdigest(),
+        "progress": asdict(progress),
+        "resume_key": settings.resume_key(),
+        "torch_rng": torch.get_rng_state().tolist(),
+        "optimizer_params": len(optimizer_state),
+    }
+    (directory / (STATE_FILE + ".tmp")).write_text(json.dumps(state) + "\n")
+    os.replace(directory / (STATE_FILE + ".tmp"), directory / STATE_FILE)
+    for old in directory.glob("weights-*.safetensors"):
+        if old.name != weights:
+            old.unlink()
+
+
+def _as_tensor(value) -> torch.Tensor:
+    """Optimizer state entries are tensors (AdamW's `step` included); a plain number is stored as one."""
+    return value if isinstance(value, torch.Tensor) else torch.tensor(value)
+
+
+def _load_checkpoint(directory: Path, model, optimizer, settings: TrainSettings) -> Progress:
+    """Restore model, optimizer and RNG from `_save_checkpoint`'s files; `CheckpointError` naming the
+    file and the problem for anything else. The optimizer's param groups are rebuilt from the
+    settings (equal by `resume_key`); only its per-parameter state is read."""
+    state_path = directory / STATE_FILE
+    try:
+        state = json.loads(state_path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise CheckpointError(f"cannot read checkpoint {state_path}: {error}") from None
+    if not isinstance(state, dict) or state.get("format") != CHECKPOINT_FORMAT:
+        raise CheckpointError(f"{state_path} is not a {CHECKPOINT_FORMAT} checkpoint; use another --out or delete it")
+    if state.get("resume_key") != settings.resume_key():
+        raise CheckpointError(f"{state_path} was written with other settings; use another --out or delete it")
+    try:
+        progress = Progress(**state["progress"])
+        rng = torch.tensor(state["torch_rng"], dtype=torch.uint8)
+        weights = directory / Path(str(state["weights"])).name
+        digest = str(state["weights_sha256"])
+    except (KeyError, TypeError, ValueError, OverflowError, RuntimeError) as error:
+        raise CheckpointError(f"{state_path} is malformed ({type(error).__name__}: {error})") from None
+    if rng.shape != torch.get_rng_state().shape:
+        raise CheckpointError(f"{state_path}: torch_rng holds {rng.numel()} bytes, expected {torch.get_rng_state().numel()}")
+    fresh = optimizer.state_dict()
+    expected = {f"model.{name}": (tuple(t.shape), t.dtype) for name, t in model.state_dict().items()}
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    for index, param in enumerate(params):  # AdamW's state of each parameter
+        expected[f"optimizer.{index}.step"] = ((), torch.float32)
+        expected[f"optimizer.{index}.exp_avg"] = (tuple(param.shape), param.dtype)
+        expected[f"optimizer.{index}.exp_avg_sq"] = (tuple(param.shape), param.dtype)
+    header = read_header(weights)
+    check_expected(weights, header, expected)
+    if hashlib.sha256(weights.read_bytes()).hexdigest() != digest:
+        raise CheckpointError(f"{weights} does not match the checksum in {state_path} (corrupt, or from another checkpoint)")
+    tensors = read_tensors(weights)
+    model.load_state_dict({name.removeprefix("model."): t for name, t in tensors.items() if name.startswith("model.")})
+    optimizer_state = {index: {key: tensors[f"optimizer.{index}.{key}"] for key in ("step", "exp_avg", "exp_avg_sq")}
+                       for index in range(len(params))}
+    optimizer.load_state_dict({"state": optimizer_state, "param_groups": fresh["param_groups"]})
+    torch.set_rng_state(rng)
+    return progress
 
 
 @dataclass(frozen=True)
@@ -439,8 +506,11 @@ def _start_or_resume(settings: TrainSettings, data: TokenStreams, out: Path):
     model = AutoModelForCausalLM.from_config(config, experts_implementation=EXPERTS_IMPLEMENTATION)
     model.train()
     optimizer = make_optimizer(model, settings)
-    checkpoint_path, log_path = out / CHECKPOINT_FILE, out / LOG_FILE
-    if checkpoint_path.exists():
+    checkpoint_path, log_path = out / CHECKPOINT_DIR, out / LOG_FILE
+    if (checkpoint_path / LEGACY_CHECKPOINT).exists() and not (checkpoint_path / STATE_FILE).exists():
+        raise CheckpointError(f"{checkpoint_path / LEGACY_CHECKPOINT} is a pickled checkpoint of an older moe_spec, "
+                              "which is not loaded (a pickle can run code); delete it to start again")
+    if (checkpoint_path / STATE_FILE).exists():
         progress = _load_checkpoint(checkpoint_path, model, optimizer, settings)
         _append_log(log_path, {"event": "resume", **asdict(progress)})
         return model, optimizer, progress
@@ -490,7 +560,7 @@ def _train_steps(model, optimizer, progress: Progress, data: TokenStreams, setti
         finished = progress.step == progress.total_steps
         stopping = settings.stop_after_steps is not None and progress.step >= settings.stop_after_steps
         if finished or stopping or time.monotonic() - last_checkpoint >= settings.checkpoint_every_s:
-            _save_checkpoint(out / CHECKPOINT_FILE, model, optimizer, progress, settings)
+            _save_checkpoint(out / CHECKPOINT_DIR, model, optimizer, progress, settings)
             last_checkpoint = time.monotonic()
         if stopping and not finished:
             bar.close()

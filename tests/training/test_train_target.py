@@ -83,7 +83,8 @@ def test_tiny_run_saves_a_model_that_reloads(finished_run):
     ids = tokenizer("def f(x):\n    return x\n", return_tensors="pt").input_ids
     assert model(input_ids=ids).logits.shape == (1, ids.shape[1], model.config.vocab_size)
 
-    trained = torch.load(out / "checkpoint" / "state.pt", weights_only=False)["model"]
+    state = json.loads((out / "checkpoint" / "state.json").read_text())
+    trained = {k.removeprefix("model."): v for k, v in load_file(out / "checkpoint" / state["weights"]).items()}
     for i, layer in enumerate(model.model.layers):
         bias = layer.mlp.gate.e_score_correction_bias
         assert bias.dtype == torch.float32
