@@ -23,6 +23,7 @@ from moe_spec.cli.option_types import (
 )
 from moe_spec.policy.registry import STATIC_BEST, MethodContext, build_method, expand_methods, method_names, parse_methods
 from moe_spec.experiments.bench_plots import write_bench_plots
+from moe_spec.experiments.hf_reference import REFERENCES
 from moe_spec.experiments.prompt_file import load_prompts
 from moe_spec.experiments.report import build_report, format_report, format_table, summary_line
 from moe_spec.experiments.runner import RunSettings, run_methods
@@ -42,7 +43,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="'lookup', 'default' (the embedded head) or a head folder; shared by every drafting method")
     parser.add_argument("--prompts", required=True, help="JSON-lines prompt file (`prompt` or `prompt_ids`, optional `class`)")
     parser.add_argument("--methods", default="ar,eagle2",
-                        help=f"comma-separated: {method_names()}")
+                        help=f"comma-separated: {method_names()}; transformers' own loops as references: "
+                             f"{', '.join(REFERENCES)}")
     parser.add_argument("--profile", default=None,
                         help="profile JSON for truncate / moe-aware (default: shipped, cached, or profiled now)")
     parser.add_argument("--plots", default=None, help="folder for PNG figures")
@@ -75,7 +77,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> dict:
-    requested = parse_methods(args.methods)
+    requested = parse_methods(args.methods, references=REFERENCES)
     names = expand_methods(requested)
     samplings = _samplings(args)
     if args.trace is not None and len(samplings) > 1:
@@ -93,7 +95,7 @@ def run(args: argparse.Namespace) -> dict:
     target = TargetModel(model)
     context = MethodContext(target, lambda: load_drafter(args.drafter, target),
                             lambda: _profile(args, target, context, input_ids))
-    methods = [build_method(name, context) for name in names]
+    methods = [REFERENCES.get(name) or build_method(name, context) for name in names]
     classes = [p.prompt_class for p in prompts]
     meta = [{**p.meta, "prompt_tokens": int(ids.shape[1])} for p, ids in zip(prompts, input_ids)]
 

@@ -37,6 +37,8 @@ def _speedup_by_class(report: dict, folder: Path) -> Path:
 def _accept_vs_cost(report: dict, folder: Path) -> Path:
     fig, ax = plt.subplots(figsize=(5, 4))
     for method, figures in report["methods"].items():
+        if figures["verify_ms"] is None:  # no step statistics (transformers' reference loops)
+            continue
         ax.scatter(figures["verify_ms"] + figures["draft_ms"], figures["mean_accept_len"], label=method)
         ax.annotate(method, (figures["verify_ms"] + figures["draft_ms"], figures["mean_accept_len"]), fontsize=7)
     ax.set_xlabel("draft + verify ms per step")

@@ -5,6 +5,10 @@ Figures are totals over the prompts, not means of per-prompt ratios:
 - `tokens_per_s`: new tokens / wall time, summed over prompts and repeated passes (prefill included,
   as in `GenerationStats`);
 - `speedup_vs_ar`: tokens_per_s / that of `ar` on the same prompts (null when `ar` did not run);
+- `speedup_vs_hf_greedy`: tokens_per_s / that of `hf-greedy`, transformers' own `model.generate`
+  (null when it did not run): what a user comparing with transformers sees;
+- `mismatches`: at greedy, the (prompt, pass) outputs that differ from the identity reference's
+  (`hf-greedy` where it ran, else `ar`): 0 for a lossless method in fp32; null when sampling;
 - `mean_accept_len`: tokens produced / (steps x rows they advanced) (the bonus token included, so `ar` is 1);
 - `verify_ms`, `draft_ms`: mean per step;
 - `draft_share`: drafting time / decode time (prefill excluded);
@@ -12,6 +16,9 @@ Figures are totals over the prompts, not means of per-prompt ratios:
 - `unique_experts_per_layer`: mean over verify passes of the distinct experts per MoE layer;
 - `expert_loads_per_token`: distinct experts summed over layers, per verify pass, summed over
   passes, divided by the tokens those passes produced.
+
+The per-step figures (accepted length, verify / draft / plan times, experts, tree size, steps) are
+null for a method without step statistics: transformers' reference loops (`hf_reference.py`).
 """
 
 from __future__ import annotations
@@ -22,14 +29,18 @@ from moe_spec.experiments.runner import Run
 from moe_spec.core.stats import GenerationStats
 
 METRICS = (
-    "tokens_per_s", "speedup_vs_ar", "mean_accept_len", "verify_ms", "draft_ms", "draft_share", "plan_ms", "plan_share",
+    "tokens_per_s", "speedup_vs_ar", "speedup_vs_hf_greedy", "mismatches", "mean_accept_len", "verify_ms", "draft_ms", "draft_share", "plan_ms", "plan_share",
     "unique_experts_per_layer", "expert_loads_per_token", "mean_tree_size", "new_tokens", "steps", "prompts", "repeats",
 )
 BASELINE = "ar"
+HF_BASELINE = "hf-greedy"  # transformers' own greedy / sampled `model.generate`
+STEP_FIGURES = ("mean_accept_len", "verify_ms", "draft_ms", "draft_share", "plan_ms", "plan_share",
+                "unique_experts_per_layer", "expert_loads_per_token", "mean_tree_size", "steps")
 
 
 def aggregate(stats: Sequence[GenerationStats]) -> dict:
-    """The figures of one method over several prompts (`speedup_vs_ar` is filled in by `compare`)."""
+    """The figures of one method over several prompts (speedups and mismatches are filled in by
+    `compare`); the per-step figures are None when no generation has step statistics."""
     steps = [step for generation in stats for step in generation.steps]
     new_tokens = sum(g.new_tokens for g in stats)
     total_ms = sum(g.total_ms for g in stats)
@@ -41,9 +52,11 @@ def aggregate(stats: Sequence[GenerationStats]) -> dict:
     loads = sum(sum(s.unique_experts_per_layer) for s in steps)
     n = len(steps)
     row_steps = sum(s.rows for s in steps)  # a batched step counts once per row it advanced
-    return {
+    figures = {
         "tokens_per_s": _round(1000.0 * new_tokens / total_ms if total_ms > 0 else 0.0),
         "speedup_vs_ar": None,
+        "speedup_vs_hf_greedy": None,
+        "mismatches": None,
         "mean_accept_len": _round(produced / row_steps if row_steps else 0.0),
         "verify_ms": _round(sum(s.verify_ms for s in steps) / n if n else 0.0),
         "draft_ms": _round(draft_ms / n if n else 0.0),
@@ -57,6 +70,9 @@ def aggregate(stats: Sequence[GenerationStats]) -> dict:
         "steps": n,
         "prompts": len(stats),
     }
+    if not steps and new_tokens > 0:  # decoded without step statistics (a reference loop)
+        figures.update(dict.fromkeys(STEP_FIGURES))
+    return figures
 
 
 def compare(runs: Sequence[Run], methods: Sequence[str]) -> dict[str, dict]:
@@ -66,11 +82,31 @@ def compare(runs: Sequence[Run], methods: Sequence[str]) -> dict[str, dict]:
         mine = [r for r in runs if r.method == m]
         figures["prompts"] = len({i for r in mine for i in r.prompt_indices})
         figures["repeats"] = len({r.repeat for r in mine})
-    baseline = table.get(BASELINE)
-    for figures in table.values():
-        if baseline is not None and baseline["tokens_per_s"] > 0:
-            figures["speedup_vs_ar"] = _round(figures["tokens_per_s"] / baseline["tokens_per_s"])
+    for key, name in (("speedup_vs_ar", BASELINE), ("speedup_vs_hf_greedy", HF_BASELINE)):
+        baseline = table.get(name)
+        for figures in table.values():
+            if baseline is not None and baseline["tokens_per_s"] > 0:
+                figures[key] = _round(figures["tokens_per_s"] / baseline["tokens_per_s"])
+    reference = identity_reference(methods)
+    if runs and all(r.greedy for r in runs):
+        for m, figures in table.items():
+            figures["mismatches"] = mismatches(runs, m, reference)
     return table
+
+
+def identity_reference(methods: Sequence[str]) -> str:
+    """The method whose greedy output every other one must equal: transformers' own where it ran."""
+    return HF_BASELINE if HF_BASELINE in methods else BASELINE
+
+
+def mismatches(runs: Sequence[Run], method: str, reference: str) -> int | None:
+    """(prompt, pass) outputs of `method` that differ from `reference`'s on the same prompt and pass
+    (None when `reference` did not run)."""
+    expected = {(i, r.repeat): r.new_ids_of(i) for r in runs if r.method == reference for i in r.prompt_indices}
+    if not expected:
+        return None
+    return sum(r.new_ids_of(i) != expected[(i, r.repeat)]
+               for r in runs if r.method == method for i in r.prompt_indices if (i, r.repeat) in expected)
 
 
 def add_static_best(table: dict[str, dict]) -> None:
@@ -117,6 +153,7 @@ def build_report(runs: Sequence[Run], methods: Sequence[str], classes: Sequence[
 COLUMNS = (  # (header, key, format)
     ("tok/s", "tokens_per_s", "{:.1f}"),
     ("speedup", "speedup_vs_ar", "{:.2f}x"),
+    ("vs hf", "speedup_vs_hf_greedy", "{:.2f}x"),
     ("accept", "mean_accept_len", "{:.2f}"),
     ("tree", "mean_tree_size", "{:.1f}"),
     ("verify ms", "verify_ms", "{:.2f}"),
@@ -125,6 +162,7 @@ COLUMNS = (  # (header, key, format)
     ("plan %", "plan_share", "{:.1%}"),
     ("experts/layer", "unique_experts_per_layer", "{:.1f}"),
     ("loads/token", "expert_loads_per_token", "{:.1f}"),
+    ("mismatch", "mismatches", "{:d}"),
 )
 
 
@@ -148,16 +186,25 @@ def format_report(report: dict) -> str:
     if len(report["per_class"]) > 1:
         for name, figures in report["per_class"].items():
             parts.append(format_table(figures, f"class {name} ({counts[name]} prompts)"))
+    differ = {m: f["mismatches"] for m, f in report["methods"].items() if f.get("mismatches")}
+    if differ:
+        reference = identity_reference(list(report["methods"]))
+        parts.append(f"WARNING: greedy outputs differ from {reference}'s: "
+                     + ", ".join(f"{m} on {n} prompt runs" for m, n in differ.items()))
     return "\n\n".join(parts)
 
 
 def summary_line(report: dict) -> dict:
     """What the final JSON line carries: the headline figures per method."""
-    keys = ("tokens_per_s", "speedup_vs_ar", "mean_accept_len")
-    return {
+    keys = ("tokens_per_s", "speedup_vs_ar", "speedup_vs_hf_greedy", "mismatches", "mean_accept_len")
+    line = {
         "methods": {m: {k: f[k] for k in keys} for m, f in report["methods"].items()},
         "per_class_speedup": {c: {m: f["speedup_vs_ar"] for m, f in t.items()} for c, t in report["per_class"].items()},
     }
+    if HF_BASELINE in report["methods"]:
+        line["per_class_speedup_vs_hf_greedy"] = {
+            c: {m: f["speedup_vs_hf_greedy"] for m, f in t.items()} for c, t in report["per_class"].items()}
+    return line
 
 
 def _round(value: float) -> float:

@@ -8,6 +8,10 @@ in the method list, so a method's output does not depend on what else runs.
 
 With `batch_size` B > 1, prompts of the same class are decoded B at a time (left-padded), so
 per-class figures stay meaningful; a run's stats then cover its whole batch.
+
+A method is one of moe_spec's (a registry `Method`: `SpecDecoder` with its drafter and controller)
+or one of transformers' own loops (an `HFReference`, see `hf_reference.py`); both decode through
+the same `generate(ids, attention_mask=..., ...)` call and are timed and interleaved alike.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from tqdm.auto import tqdm
 
 from moe_spec.policy.registry import Method
 from moe_spec.core.engine import SpecDecoder
+from moe_spec.experiments.hf_reference import HFReference
 from moe_spec.core.sampling import SamplingConfig
 from moe_spec.errors import InputError
 from moe_spec.core.stats import GenerationStats
@@ -58,6 +63,7 @@ class Run:
     stats: GenerationStats  # of the whole batch
     new_ids: tuple[tuple[int, ...], ...]  # per prompt of the batch
     repeat: int = 0  # which pass over the prompts
+    greedy: bool = True  # decoded at temperature 0: every lossless method's output is then the same
 
     @property
     def prompt_index(self) -> int:
@@ -100,7 +106,7 @@ def prompt_generator(seed: int, prompt_index: int) -> torch.Generator:
 
 def run_methods(
     target: TargetModel,
-    methods: Sequence[Method],
+    methods: Sequence[Method | HFReference],
     prompts: Sequence[torch.Tensor],  # each [1, T] long
     settings: RunSettings,
     progress: bool | None = None,  # None: a bar only on a terminal
@@ -109,11 +115,11 @@ def run_methods(
     """Every method on every prompt (or batch), in run order."""
     if not methods or not prompts:
         raise InputError("nothing to run: give at least one method and one prompt")
-    decoders = {m.name: SpecDecoder(target, drafter=m.drafter, controller=m.controller) for m in methods}
+    decoders = {m.name: _decoder(target, m) for m in methods}
     groups = batches(classes or ["all"] * len(prompts), settings.batch_size)
     pad = int(getattr(target.model.generation_config, "pad_token_id", None) or 0)
 
-    def generate(method: Method, group: list[int], max_new_tokens: int):
+    def generate(method: Method | HFReference, group: list[int], max_new_tokens: int):
         ids, mask = left_pad([prompts[i] for i in group], pad)
         return ids, decoders[method.name].generate(
             ids,
@@ -139,10 +145,17 @@ def run_methods(
                 ids, result = generate(method, group, settings.max_new_tokens)
                 new_ids = tuple(_until_padding(result.sequences[row, ids.shape[1]:].tolist(), result, row)
                                 for row in range(len(group)))
-                runs.append(Run(tuple(group), method.name, result.stats, new_ids, repeat))
+                runs.append(Run(tuple(group), method.name, result.stats, new_ids, repeat, settings.temperature == 0))
                 bar.update()
     bar.close()
     return runs
+
+
+def _decoder(target: TargetModel, method: Method | HFReference):
+    """What decodes `method`: transformers' own loop for a reference, else `SpecDecoder`."""
+    if isinstance(method, HFReference):
+        return method.decoder(target)
+    return SpecDecoder(target, drafter=method.drafter, controller=method.controller)
 
 
 def _until_padding(tokens: list[int], result, row: int) -> tuple[int, ...]:
