@@ -24,16 +24,18 @@ tokens; the `draft_to_target` buffer maps a draft id to the target's token id.
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 from torch import nn
 from transformers import DynamicCache, LlamaConfig
 from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRMSNorm, LlamaRotaryEmbedding
 
 from moe_spec.errors import DraftHeadMismatchError, MoeSpecError
+from moe_spec.tensor_file import TensorFileError, read_tensors
 
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
@@ -243,13 +245,69 @@ class EagleHead(nn.Module):
 
     @staticmethod
     def from_pretrained(directory: str | Path, dtype: torch.dtype = torch.float32) -> "EagleHead":
+        """The head saved by `save_pretrained`. The config is checked field by field and the weights
+        file's header against the shapes that config implies (computed on the meta device) before
+        any weight is allocated; anything else is a `MoeSpecError` naming the file."""
         directory = Path(directory)
         for name in (CONFIG_FILE, WEIGHTS_FILE):
             if not (directory / name).is_file():
                 raise MoeSpecError(f"{directory} has no {name}; is it a draft head saved by moe_spec?")
-        config = EagleConfig.from_json((directory / CONFIG_FILE).read_text())
-        state = load_file(str(directory / WEIGHTS_FILE))
-        head = EagleHead(config, state["draft_to_target"])
+        config = _read_config(directory / CONFIG_FILE)
+        with torch.device("meta"):
+            skeleton = EagleHead(config)
+        expected = {name: (tuple(t.shape), None) for name, t in skeleton.state_dict().items()}
+        expected["draft_to_target"] = ((config.draft_vocab_size,), torch.int64)
+        path = directory / WEIGHTS_FILE
+        state = read_tensors(path, expected)
+        not_float = sorted(k for k, v in state.items() if k != "draft_to_target" and not v.is_floating_point())
+        if not_float:
+            raise TensorFileError(f"{path}: weights {not_float[:5]} are not floating point")
+        ids = state["draft_to_target"]
+        if ids.numel() and not (0 <= int(ids.min()) and int(ids.max()) < config.target_vocab_size):
+            raise TensorFileError(f"{path}: draft_to_target holds ids outside the target vocabulary "
+                                  f"0..{config.target_vocab_size - 1}")
+        head = EagleHead(config, ids)
         head.load_state_dict({k: (v.to(dtype) if v.is_floating_point() else v) for k, v in state.items()})
         return head.to(dtype).eval()
 
+
+_MAX_CONFIG_BYTES = 2**20
+
+
+def _read_config(path: Path) -> EagleConfig:
+    """`EagleConfig` from config.json, each field of the type its annotation names (ints positive,
+    `intermediate_size` and feature layers >= 0); `MoeSpecError` naming the file otherwise."""
+    if path.stat().st_size > _MAX_CONFIG_BYTES:
+        raise MoeSpecError(f"{path} is {path.stat().st_size} bytes, too large for a draft head config")
+    try:
+        raw = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise MoeSpecError(f"cannot read draft head config {path}: {error}") from None
+    if not isinstance(raw, dict):
+        raise MoeSpecError(f"{path} is not a JSON object (a draft head config is one)")
+    fields_by_name = {f.name: f for f in fields(EagleConfig)}
+    problems = []
+    for name, value in raw.items():
+        if name == "kind" or name not in fields_by_name:
+            continue  # `from_json` names a wrong kind or unknown fields
+        kind = fields_by_name[name].type
+        if kind == "int":
+            low = 0 if name == "intermediate_size" else 1
+            if not (isinstance(value, int) and not isinstance(value, bool) and value >= low):
+                problems.append(f"{name} must be an integer >= {low}, got {value!r}")
+        elif kind == "float":
+            if not (isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value > 0):
+                problems.append(f"{name} must be a positive number, got {value!r}")
+        elif kind == "str":
+            if not isinstance(value, str):
+                problems.append(f"{name} must be a string, got {value!r}")
+        elif not (isinstance(value, list) and all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in value)):
+            problems.append(f"{name} must be a list of layer indices >= 0, got {value!r}")
+    if problems:
+        raise MoeSpecError(f"draft head config {path}: {'; '.join(problems)}")
+    try:
+        return EagleConfig.from_json(json.dumps(raw))
+    except MoeSpecError as error:
+        raise MoeSpecError(f"draft head config {path}: {error}") from None
+    except (TypeError, ValueError) as error:
+        raise MoeSpecError(f"draft head config {path} is invalid: {error}") from None

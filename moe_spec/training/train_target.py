@@ -374,6 +374,17 @@ def _save_checkpoint(directory: Path, model, optimizer, progress: Progress, sett
             old.unlink()
 
 
+def has_checkpoint(directory: Path) -> bool:
+    """Whether `directory` holds a checkpoint to resume; `CheckpointError` for an older moe_spec's
+    pickled one, which is never loaded (unpickling a file runs whatever code it holds)."""
+    if (directory / STATE_FILE).exists():
+        return True
+    if (directory / LEGACY_CHECKPOINT).exists():
+        raise CheckpointError(f"{directory / LEGACY_CHECKPOINT} is a pickled checkpoint of an older moe_spec, "
+                              "which is not loaded (a pickle can run code); delete it to start again")
+    return False
+
+
 def _as_tensor(value) -> torch.Tensor:
     """Optimizer state entries are tensors (AdamW's `step` included); a plain number is stored as one."""
     return value if isinstance(value, torch.Tensor) else torch.tensor(value)
@@ -507,10 +518,7 @@ def _start_or_resume(settings: TrainSettings, data: TokenStreams, out: Path):
     model.train()
     optimizer = make_optimizer(model, settings)
     checkpoint_path, log_path = out / CHECKPOINT_DIR, out / LOG_FILE
-    if (checkpoint_path / LEGACY_CHECKPOINT).exists() and not (checkpoint_path / STATE_FILE).exists():
-        raise CheckpointError(f"{checkpoint_path / LEGACY_CHECKPOINT} is a pickled checkpoint of an older moe_spec, "
-                              "which is not loaded (a pickle can run code); delete it to start again")
-    if (checkpoint_path / STATE_FILE).exists():
+    if has_checkpoint(checkpoint_path):
         progress = _load_checkpoint(checkpoint_path, model, optimizer, settings)
         _append_log(log_path, {"event": "resume", **asdict(progress)})
         return model, optimizer, progress
