@@ -117,6 +117,11 @@ def speculative_generate(
     if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2:
         raise InputError(f"input_ids must be a [B, T] integer torch.Tensor, got {type(input_ids).__name__}")
     attention_mask = model_kwargs.get("attention_mask")
+    # `generate` drops an all-ones mask before calling this (any dtype, and any shape that broadcasts),
+    # keeping only its width: a mask of the wrong width is refused here rather than ignored
+    dropped_width = getattr(config, "_mask_length", None)
+    if attention_mask is None and dropped_width is not None and dropped_width != input_ids.shape[1]:
+        raise InputError(f"attention_mask has {dropped_width} columns, input_ids {input_ids.shape[1]}")
     max_new_tokens = config.max_length - int(input_ids.shape[1])
     if max_new_tokens < 1:
         raise InputError(f"the prompt ({input_ids.shape[1]} tokens) already reaches max_length={config.max_length}")
