@@ -158,3 +158,39 @@ def test_moe_aware_by_name_on_the_embedded_pair_reads_the_profile_and_decodes_li
     out = model.generate(ids, custom_generate=speculative_generate, drafter="default", method="moe-aware",
                          profile=DEFAULT_PROFILE, max_new_tokens=12)
     assert torch.equal(out, hf_greedy(model, REPETITIVE_PROMPT, 12))
+
+
+@pytest.mark.parametrize("settings, message", [
+    ({"max_new_tokens": 2.5}, r"max_new_tokens must be an integer, got 2.5 \(float\)"),  # decoded 2 tokens before
+    ({"max_new_tokens": True}, r"max_new_tokens must be an integer, got True \(bool\)"),  # decoded 1 token before
+    ({"do_sample": "yes"}, r"do_sample must be True or False, got 'yes'"),
+    ({"do_sample": True, "top_p": float("nan")}, r"top_p must be a number in \(0, 1\], got nan"),
+    ({"do_sample": True, "temperature": 1e-10}, r"temperature must be 0 \(greedy\) or at least 1e-06"),
+    ({"eos_token_id": 2.5}, r"eos_token_id must be integer token ids, got 2.5"),  # was truncated to 2
+    ({"eos_token_id": 500}, r"eos_token_id \[500\] outside the target vocabulary"),
+    ({"pad_token_id": -5}, r"pad_token_id must be a non-negative integer token id, got -5"),
+    ({"generator": "x"}, r"generator must be a torch.Generator or None, got 'x'"),
+    ({"attention_mask": torch.tensor([[2] + [1] * 9])}, r"attention_mask must hold only 0 and 1, got \[2\]"),
+    ({"attention_mask": torch.tensor([[0.0] + [1.0] * 9])}, r"attention_mask must be an integer or bool tensor"),
+    ({"attention_mask": torch.ones(1, 9, dtype=torch.long)}, r"attention_mask has 9 columns, input_ids 10"),
+    ({"drafter": 3}, r"drafter= must be a Drafter .* got int"),
+    ({"controller": "static"}, r"controller= must be a moe_spec Controller .* got str"),
+    ({"method": 3}, r"method= must be a method name .* got int"),
+    ({"method": "ar", "profile": 3}, r"profile= must be a Profile, the path of a profile JSON, or None; got int"),
+    ({"observer": object()}, r"observer= must be a DecodeObserver .* got object"),
+    ({"moe_streamer": 3}, r"streamer must have put\(tokens\) and end\(\) methods"),
+])
+def test_a_bad_value_is_refused_by_name(settings, message):
+    model = tiny_model("qwen3_moe")
+    kwargs = {"drafter": LookupDrafter(), "max_new_tokens": 4, **settings}
+    with pytest.raises(InputError, match=message):
+        model.generate(torch.tensor([PLAIN_PROMPT]), custom_generate=speculative_generate, **kwargs)
+
+
+def test_a_float_mask_of_ones_is_dropped_by_generate_and_decodes_as_no_mask():
+    """transformers drops an all-ones mask before the drop-in sees it; nothing to refuse then."""
+    model = tiny_model("qwen3_moe")
+    ids = torch.tensor([PLAIN_PROMPT])
+    out = model.generate(ids, attention_mask=torch.ones(1, 10), custom_generate=speculative_generate,
+                         drafter=LookupDrafter(), max_new_tokens=6)
+    assert torch.equal(out, hf_greedy(model, PLAIN_PROMPT, 6))
