@@ -21,6 +21,8 @@ import json
 import math
 import os
 import platform
+import zipfile
+import zlib
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
@@ -31,7 +33,9 @@ import transformers
 
 from moe_spec.profile.cost_model import CostModel
 from moe_spec.errors import MoeSpecError
+from moe_spec.core.sampling import SamplingConfig
 from moe_spec.profile.calibration import AcceptanceCalibration
+from moe_spec.profile.sampling_acceptance import SchemeChoice, SettingAcceptance, calibration_for, preferred_scheme
 from moe_spec.profile.expert_table import TokenExpertTable
 from moe_spec.profile.unique_curve import UniqueExpertsCurve
 from moe_spec.core.routing import find_routers
@@ -135,6 +139,8 @@ class Profile:
     details: dict = field(default_factory=dict)  # JSON summaries no policy reads: reports, latency grid, settings
     arrays: dict[str, np.ndarray] = field(default_factory=dict)  # sidecar extras, e.g. routing_load [L, E]
     schema_version: int = SCHEMA_VERSION
+    # acceptance per sampling setting and candidate scheme (empty: only greedy was profiled)
+    sampling_acceptance: tuple[SettingAcceptance, ...] = ()
 
     def __post_init__(self):
         if (self.expert_table is None) != (self.expert_pricing is None):
@@ -147,6 +153,18 @@ class Profile:
         if self.calibration is None:
             raise ProfileError("this profile has no acceptance calibration (the drafter proposed no nodes)")
         return self.calibration.path_probability(tree)
+
+    def preferred_scheme(self, sampling: SamplingConfig) -> SchemeChoice:
+        """Whether sampled or top-token candidates accepted more at the profiled setting nearest to
+        `sampling` (see `moe_spec.profile.sampling_acceptance`)."""
+        if not self.sampling_acceptance:
+            raise ProfileError("this profile measured no sampling setting")
+        return preferred_scheme(self.sampling_acceptance, sampling)
+
+    def calibration_for(self, sampling: SamplingConfig, sampled: bool) -> AcceptanceCalibration | None:
+        """The acceptance calibration for a request: the greedy one, or the nearest profiled sampling
+        setting's for this scheme."""
+        return calibration_for(self.sampling_acceptance, sampling, sampled, self.calibration)
 
     def priced_experts(self, tokens: torch.Tensor) -> torch.Tensor:
         """tokens: [N] long -> [L, N, E] the predicted routing of those tokens in the `expert_pricing` form."""
@@ -189,6 +207,7 @@ class Profile:
                 else None
             ),
             "unique_experts_curve": self.unique_experts_curve.to_dict() if self.unique_experts_curve is not None else None,
+            "sampling_acceptance": [entry.to_dict() for entry in self.sampling_acceptance],
             "details": self.details,
             "arrays": {"file": sidecar.name, "sha256": hashlib.sha256(buffer.getvalue()).hexdigest()},
         }
@@ -201,8 +220,12 @@ class Profile:
         profile was made for it. Raises `ProfileError` naming the problem."""
         path = Path(path)
         try:
+            size = path.stat().st_size
+            if size > _MAX_JSON_BYTES:
+                raise ProfileError(f"profile {path} is {size} bytes, more than a profile's JSON ever holds "
+                                   f"({_MAX_JSON_BYTES}); is it a profile?")
             text = path.read_text()
-        except OSError as error:
+        except (OSError, UnicodeDecodeError) as error:
             raise ProfileError(f"cannot read profile {path}: {error}") from error
         try:
             document = json.loads(text)
@@ -218,28 +241,60 @@ class Profile:
                 f"profile {path} has schema version {version}, newer than this moe_spec reads ({SCHEMA_VERSION}); "
                 "upgrade moe_spec or profile the target again"
             )
+        fp = document.get("fingerprint")
+        if not isinstance(fp, dict):
+            raise ProfileError(f"profile {path} has no 'fingerprint' section")
+        if target is not None:  # before the sidecar is read or the expert table built from its shapes
+            _check_fingerprint(fp, fingerprint(target), path)
+        _check_shapes(fp, path)
         try:
             profile = _from_document(_migrated(document), path)
         except ProfileError:
             raise
         except (KeyError, TypeError, ValueError, IndexError, AttributeError) as error:
             raise ProfileError(f"profile {path} is malformed: {type(error).__name__}: {error}") from error
-        if target is not None:
-            profile.check_target(target, path)
         return profile
 
     def check_target(self, target, path: str | Path = "profile") -> None:
         """Raise `ProfileError` unless this profile was made for `target`."""
-        current = fingerprint(target)
-        differences = [
-            f"{key}: profile {self.fingerprint.get(key)!r}, target {value!r}"
-            for key, value in current.items()
-            if self.fingerprint.get(key) != value
-        ]
-        if differences:
-            raise ProfileError(
-                f"{path} was made for another target ({'; '.join(differences)}); run `moe-spec profile` for this one"
-            )
+        _check_fingerprint(self.fingerprint, fingerprint(target), path)
+
+
+def _check_fingerprint(recorded: dict, current: dict, path: str | Path) -> None:
+    differences = [f"{key}: profile {recorded.get(key)!r}, target {value!r}"
+                   for key, value in current.items() if recorded.get(key) != value]
+    if differences:
+        raise ProfileError(
+            f"{path} was made for another target ({'; '.join(differences)}); run `moe-spec profile` for this one"
+        )
+
+
+_MAX_JSON_BYTES = 256 * 2**20
+_MAX_TABLE_BYTES = 32 * 2**30  # the expert table's two [V, L, E] float32 lookups (a 129k-vocabulary,
+#                                58-layer, 256-expert DeepSeek-V3 takes 15 GiB)
+_MAX_EXTRA_ELEMENTS = 2**24  # a sidecar extra beyond [L, E, E] (the co-activation counts)
+
+
+def _check_shapes(fp: dict, path: Path) -> None:
+    """The fingerprint's shape fields are what their names say, within bounds the expert table can be built in."""
+    counts = {key: fp.get(key) for key in ("num_layers", "hidden_size", "num_experts", "top_k", "vocab_size")}
+    bad = [f"{key}={value!r}" for key, value in counts.items() if not _is_count(value)]
+    layers = fp.get("moe_layers")
+    if not isinstance(layers, list) or not all(_is_count(i) for i in layers):
+        bad.append(f"moe_layers={layers!r}")
+    if bad:
+        raise ProfileError(f"profile {path}: fingerprint fields {', '.join(bad)} are not non-negative integers")
+    if counts["top_k"] > counts["num_experts"] or len(layers) > counts["num_layers"]:
+        raise ProfileError(f"profile {path}: fingerprint is inconsistent (top_k {counts['top_k']} of "
+                           f"{counts['num_experts']} experts, {len(layers)} MoE layers of {counts['num_layers']})")
+    table_bytes = 8 * counts["vocab_size"] * len(layers) * counts["num_experts"]
+    if table_bytes > _MAX_TABLE_BYTES:
+        raise ProfileError(f"profile {path}: an expert table of vocabulary {counts['vocab_size']} x {len(layers)} "
+                           f"layers x {counts['num_experts']} experts would take {table_bytes / 2**30:.0f} GiB")
+
+
+def _is_count(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
 def _migrated(document: dict) -> dict:
@@ -269,7 +324,7 @@ def _from_document(document: dict, path: Path) -> Profile:
             raise ProfileError(f"profile {path} has no {key!r} section")
     fp = document["fingerprint"]
     num_layers = len(fp["moe_layers"])
-    arrays = _read_sidecar(document["arrays"], path)
+    arrays = _read_sidecar(document["arrays"], path, fp)
     cost_model = CostModel.from_dict(document["cost_model"])
     if cost_model.num_layers != num_layers:
         raise ProfileError(f"profile {path}: cost model has {cost_model.num_layers} layers, target {num_layers}")
@@ -282,20 +337,83 @@ def _from_document(document: dict, path: Path) -> Profile:
     details = document.get("details") or {}
     if not isinstance(details, dict):
         raise ProfileError(f"profile {path}: 'details' is not an object")
+    settings = document.get("sampling_acceptance") or []
+    if not isinstance(settings, list):
+        raise ProfileError(f"profile {path}: 'sampling_acceptance' is not a list")
     return Profile(fp, document["hardware"], cost_model, calibration, table, pricing, curve, details, extras,
-                   int(document["schema_version"]))
+                   int(document["schema_version"]), tuple(SettingAcceptance.from_dict(e) for e in settings))
 
 
-def _read_sidecar(meta: dict, path: Path) -> dict[str, np.ndarray]:
-    sidecar = path.parent / str(meta["file"])
+def _read_sidecar(meta: dict, path: Path, fp: dict) -> dict[str, np.ndarray]:
+    """The sidecar's arrays, each member's .npy header checked (no object dtype, a shape the
+    fingerprint allows) before it is decompressed; never unpickled."""
+    name, digest = meta.get("file"), meta.get("sha256")
+    if not isinstance(name, str) or Path(name).name != name or not isinstance(digest, str):
+        raise ProfileError(f"profile {path}: 'arrays' must name a file beside it and its sha256, got {meta!r}")
+    sidecar = path.parent / name
     try:
         blob = sidecar.read_bytes()
     except OSError as error:
         raise ProfileError(f"profile {path} refers to arrays in {sidecar}, which cannot be read: {error}") from error
-    if hashlib.sha256(blob).hexdigest() != meta.get("sha256"):
+    if hashlib.sha256(blob).hexdigest() != digest:
         raise ProfileError(f"{sidecar} does not match the checksum recorded in {path} (corrupt, or from another profile)")
-    with np.load(io.BytesIO(blob), allow_pickle=False) as npz:
-        return {name: npz[name] for name in npz.files}
+    expected = _expected_arrays(fp)
+    arrays = {}
+    try:
+        with zipfile.ZipFile(io.BytesIO(blob)) as archive:
+            for info in archive.infolist():
+                if not info.filename.endswith(".npy"):
+                    raise ProfileError(f"{sidecar}: member {info.filename!r} is not a .npy array")
+                key = info.filename.removesuffix(".npy")
+                with archive.open(info) as member:
+                    version = np.lib.format.read_magic(member)
+                    shape, fortran, dtype = _ARRAY_HEADER_READERS[version](member)
+                    _check_array(sidecar, key, shape, dtype, expected)
+                    arrays[key] = _read_data(member, shape, fortran, dtype)
+    except ProfileError:
+        raise
+    except (zipfile.BadZipFile, zlib.error, EOFError, OSError, ValueError, KeyError, TypeError) as error:
+        raise ProfileError(f"{sidecar} is not a readable .npz of arrays ({type(error).__name__}: {error})") from None
+    return arrays
+
+
+_ARRAY_HEADER_READERS = {(1, 0): np.lib.format.read_array_header_1_0, (2, 0): np.lib.format.read_array_header_2_0}
+
+
+def _expected_arrays(fp: dict) -> dict[str, tuple]:
+    """name -> shape of the arrays a sidecar may hold for this fingerprint ("S": any count up to the vocabulary)."""
+    layers, experts = len(fp["moe_layers"]), int(fp["num_experts"])
+    return {
+        "predictor_token_ids": ("S",), "predictor_token_totals": ("S",), "predictor_token_counts": ("S", layers, experts),
+        "predictor_prior": (layers, experts), "routing_load": (layers, experts),
+        "routing_coactivation": (layers, experts, experts),
+    }
+
+
+def _check_array(sidecar: Path, key: str, shape: tuple, dtype: np.dtype, expected: dict) -> None:
+    if dtype.hasobject or dtype.kind not in "biuf":
+        raise ProfileError(f"{sidecar}: array {key!r} has dtype {dtype}, not numbers")
+    want = expected.get(key)
+    if want is None:
+        if math.prod(shape) > _MAX_EXTRA_ELEMENTS:
+            raise ProfileError(f"{sidecar}: array {key!r} of shape {shape} is larger than any a profile stores")
+        return
+    if len(shape) != len(want) or any(w != "S" and s != w for s, w in zip(shape, want)):
+        raise ProfileError(f"{sidecar}: array {key!r} has shape {shape}, the fingerprint implies "
+                           f"{tuple(w if w != 'S' else 'S' for w in want)}")
+
+
+def _read_data(member, shape: tuple, fortran: bool, dtype: np.dtype) -> np.ndarray:
+    """The array body after its header: exactly the bytes the (checked) header declares, never more."""
+    flat = np.empty(math.prod(shape), dtype=dtype)
+    view = memoryview(flat).cast("B")
+    filled = 0
+    while filled < len(view):
+        n = member.readinto(view[filled:])
+        if not n:
+            raise EOFError(f"array data ends after {filled} of {len(view)} bytes")
+        filled += n
+    return flat.reshape(shape, order="F" if fortran else "C")
 
 
 def _expert_predictor(section: dict | None, arrays: dict, fp: dict, path: Path):
@@ -304,10 +422,27 @@ def _expert_predictor(section: dict | None, arrays: dict, fp: dict, path: Path):
         return None, None
     if section.get("kind") != _TABLE_KIND:
         raise ProfileError(f"profile {path}: unknown expert predictor kind {section.get('kind')!r}")
+    _check_table_arrays(arrays, int(fp["vocab_size"]), path)
     table = TokenExpertTable.from_arrays(arrays, int(fp["vocab_size"]), int(fp["top_k"]), float(section["pseudo_count"]))
     if table.prior.shape != (len(fp["moe_layers"]), int(fp["num_experts"])):
         raise ProfileError(f"profile {path}: expert table has shape {table.prior.shape}, fingerprint disagrees")
     return table, ExpertPricing(section["pricing"])
+
+
+def _check_table_arrays(arrays: dict, vocab_size: int, path: Path) -> None:
+    """The predictor arrays (their shapes already fit the fingerprint, `_check_array`) agree on the
+    number of token ids, and those ids are distinct ids of the vocabulary."""
+    names = ("predictor_token_ids", "predictor_token_totals", "predictor_token_counts", "predictor_prior")
+    missing = [n for n in names if n not in arrays]
+    if missing:
+        raise ProfileError(f"profile {path}: the sidecar lacks the expert table's {', '.join(missing)}")
+    ids = arrays["predictor_token_ids"]
+    seen = {len(arrays[n]) for n in names[:3]}
+    if len(seen) != 1 or len(ids) > vocab_size:
+        raise ProfileError(f"profile {path}: the expert table's arrays disagree on the number of token ids "
+                           f"({sorted(seen)}, vocabulary {vocab_size})")
+    if ids.dtype.kind not in "iu" or (len(ids) and (ids.min() < 0 or ids.max() >= vocab_size)) or len(np.unique(ids)) != len(ids):
+        raise ProfileError(f"profile {path}: predictor_token_ids must be distinct token ids in 0..{vocab_size - 1}")
 
 
 def _finite(value):
