@@ -124,3 +124,15 @@ def test_generate_runs_from_a_config_file(tmp_path, capsys):
     assert main(["generate", "--config", str(config), "--max-new-tokens", "5"]) == 0
     summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert summary["new_tokens"] == 5
+
+
+def test_sampling_settings_are_yaml_mappings_checked_like_the_flag(tmp_path):
+    config = write(tmp_path / "s.yaml", "prompts: p.jsonl\nsampling:\n  - {temperature: 1}\n  - {temperature: 0.7, top_p: 0.9, top_k: 40}\n")
+    args = parse(["bench", "--config", str(config)])
+    assert args.sampling == [SamplingConfig(1.0), SamplingConfig(0.7, top_k=40, top_p=0.9)]
+    bad = write(tmp_path / "bad.yaml", "sampling:\n  - {temperature: 1, top_p: 1.5}\n")
+    with pytest.raises(ConfigError, match=r"bad.yaml: sampling: --sampling: top_p must be a number in \(0, 1\], got 1.5"):
+        parse(["bench", "--config", str(bad)])
+    nan = write(tmp_path / "nan.yaml", "top-p: .nan\n")
+    with pytest.raises(ConfigError, match=r"nan.yaml: top-p: --top-p: expected a finite number, got 'nan'"):
+        parse(["bench", "--config", str(nan)])

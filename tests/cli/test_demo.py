@@ -55,3 +55,14 @@ def test_missing_embedded_pair_is_a_clear_error(tmp_path, monkeypatch, capsys):
     assert main(["demo"]) == 2
     err = capsys.readouterr().err
     assert "embedded pair is not in this install" in err and "no_target" in err and "no_head" in err
+
+
+def test_demo_samples_with_top_k_and_top_p_and_says_so(tiny_pair, capsys):
+    argv = ["demo", "--model", str(tiny_pair / "model"), "--drafter", str(tiny_pair / "head"),
+            "--prompts", str(tiny_pair / "prompts.jsonl"), "--max-new-tokens", "6",
+            "--temperature", "0.7", "--top-k", "5", "--top-p", "0.9", "--seed", "3"]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "sampled: temperature=0.7,top_k=5,top_p=0.9" in out and "identical to ar" not in out
+    summary = json.loads(out.strip().splitlines()[-1])
+    assert summary["sampling"] == "temperature=0.7,top_k=5,top_p=0.9" and summary["identical_to_ar"] is None
