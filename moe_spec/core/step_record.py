@@ -8,17 +8,23 @@ Labels, greedy (used by calibration):
   The target's logits at a node are computed over that node's own root path (tree mask), so the
   label is defined for every verified node, reached or not; a node is on the accepted path iff
   every node on its path (root excluded) is conditionally accepted.
+
+Labels, sampling: a node's *acceptance probability* is the exact chance that recursive rejection
+accepts it once its parent is reached (`moe_spec.core.acceptance.conditional_acceptance`),
+computed from the target's logits the record keeps for the purpose; under greedy decoding it is
+the 0/1 conditional acceptance above.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
-from moe_spec.core.acceptance import Acceptance
+from moe_spec.core.acceptance import Acceptance, conditional_acceptance
 from moe_spec.core.forest import StepForest
 from moe_spec.core.routing import Routing
+from moe_spec.core.sampling import GREEDY, SamplingConfig
 from moe_spec.core.tree import DraftTree
 
 
@@ -52,6 +58,9 @@ class StepRecord:
     verify_ms: float  # the target forward
     draft_ms: float  # the drafter's proposal
     plan_ms: float = 0.0  # the controller's plan
+    sampling: SamplingConfig = GREEDY  # the request's
+    logits: torch.Tensor | None = None  # [B, W, V] the pass's logits, kept when sampling (acceptance probabilities)
+    acceptance_probs: torch.Tensor | None = None  # [B, W] float64, when computed already (one-row records)
 
     @property
     def batch(self) -> int:
@@ -93,16 +102,30 @@ class StepRecord:
         labels[0] = True
         return labels
 
+    def acceptance_probability(self, row: int = 0) -> torch.Tensor:
+        """[N_b] float64: P(node accepted | parent reached), exact (root 1); see the module docstring.
+        A sampling record without logits (an old trace) falls back to the greedy label."""
+        n = len(self.verified[row])
+        if self.acceptance_probs is not None:
+            return self.acceptance_probs[row, :n]
+        if self.sampling.greedy or self.logits is None:
+            return self.conditional_accepted(row).double()
+        return conditional_acceptance(self.verified[row], self.logits[row, :n], self.sampling)
+
     def row(self, row: int) -> "StepRecord":
         """Row `row` alone, as a one-row record (what a trace file stores per line)."""
+        probs = None
+        if not self.sampling.greedy and self.logits is not None:  # computed now: the logits are not kept
+            probs = self.acceptance_probability(row)[None]
         if self.batch == 1:
-            return self
+            return self if probs is None else replace(self, logits=None, acceptance_probs=probs)
         tree = self.verified[row]
         experts = self.experts(row)
         routing = Routing(self.routing.layers, self.routing.num_experts, experts) if self.routing.layers else self.routing
         return StepRecord(
             (self.rows[row],), (self.prefix_lens[row],), (self.candidates[row],), StepForest((tree,)),
             (self.acceptances[row],), self.node_argmax(row)[None], routing, self.verify_ms, self.draft_ms, self.plan_ms,
+            self.sampling, None, probs,
         )
 
 

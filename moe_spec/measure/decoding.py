@@ -18,6 +18,8 @@ from moe_spec.core.drafting import BatchDrafter, Drafter, TreeBudget
 from moe_spec.core.engine import SpecDecoder
 from moe_spec.core.step_record import DecodeObserver, PrefillRecord, StepRecord
 from moe_spec.core.target import TargetModel
+from moe_spec.core.sampling import GREEDY, SamplingConfig
+from moe_spec.policy.candidate_scheme import CandidateScheme
 from moe_spec.policy.static import StaticController
 
 
@@ -73,19 +75,25 @@ def decode_prompts(
     max_new_tokens: int,
     budget: TreeBudget | None = None,
     tick: Callable[[], None] = lambda: None,
+    sampling: SamplingConfig = GREEDY,
+    generator: torch.Generator | None = None,
 ) -> list[PromptTrace]:
-    """Greedy speculative decoding of each prompt on its own, `max_new_tokens` each.
+    """Speculative decoding of each prompt on its own, `max_new_tokens` each (greedy unless
+    `sampling` says otherwise; `generator` draws the samples).
 
-    With `budget`, every step drafts to it and verifies its `max_nodes` best-scored nodes
-    (`StaticController`); without, the drafter's default budget and the full candidate tree.
-    EOS does not stop a prompt: every prompt contributes the same number of tokens.
+    With `budget`, every step drafts to it (its candidate scheme included) and verifies its
+    `max_nodes` best-scored nodes (`StaticController`); without, the drafter's default budget and
+    the full candidate tree. EOS does not stop a prompt: every prompt contributes the same number
+    of tokens.
     """
-    controller = StaticController(budget) if budget is not None else None
+    controller = StaticController(budget, CandidateScheme.SAMPLED if budget.sampled else CandidateScheme.TOP) \
+        if budget is not None else None
     traces = []
     for index, prompt in enumerate(prompts):
         recorder = TraceRecorder(first_prompt_index=index)
         decoder = SpecDecoder(target, drafter, controller, observer=recorder)
-        decoder.generate(prompt[None], max_new_tokens=max_new_tokens, eos_token_id=[])
+        decoder.generate(prompt[None], max_new_tokens=max_new_tokens, eos_token_id=[], temperature=sampling.temperature,
+                         top_k=sampling.top_k, top_p=sampling.top_p, generator=generator)
         traces += recorder.traces()
         tick()
     return traces

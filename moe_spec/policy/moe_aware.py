@@ -9,6 +9,7 @@ from moe_spec.core.drafting import EAGLE2_BUDGET, NO_DRAFT, TreeBudget
 from moe_spec.core.forest import StepForest
 from moe_spec.core.sampling import GREEDY, SamplingConfig
 from moe_spec.core.step_record import StepRecord
+from moe_spec.policy.candidate_scheme import CandidateScheme, drawn
 from moe_spec.policy.online_correction import DraftCostTracker, ThroughputTracker
 from moe_spec.policy.profiled import ProfiledController
 from moe_spec.policy.selection import StepPrices, best_first_forest
@@ -33,8 +34,9 @@ class MoeAwareController(ProfiledController):
     name = "moe-aware"
 
     def __init__(self, profile, price_experts: bool = True, adapt: bool = True, persist: bool = False,
-                 recent_steps: int = 4, probe_every: int = 4, candidate_growth: float = 1.25, candidate_min: int = 4):
-        super().__init__(profile, adapt=adapt, persist=persist)
+                 recent_steps: int = 4, probe_every: int = 4, candidate_growth: float = 1.25, candidate_min: int = 4,
+                 scheme: CandidateScheme = CandidateScheme.AUTO):
+        super().__init__(profile, adapt=adapt, persist=persist, scheme=scheme)
         self.price_experts = price_experts
         self.candidate_growth = candidate_growth
         self.candidate_min = candidate_min
@@ -68,9 +70,12 @@ class MoeAwareController(ProfiledController):
         fixed_ms, depth_ms = self.draft_costs.estimate()
         keeps = best_first_forest(candidates, prices, self.cost_model(), depth_ms, draft_fixed_ms=fixed_ms)
         chosen = candidates.subforest(keeps)
-        self._recent.append((max(t.num_drafted for t in chosen), chosen.max_depth, chosen.max_depth >= candidates.max_depth))
+        edge = chosen.max_depth >= candidates.max_depth or chosen.num_drafted >= candidates.num_drafted
+        self._recent.append((max(t.num_drafted for t in chosen), chosen.max_depth, edge))
         if chosen.num_drafted:
             self._plain_steps = 0
+        if drawn(candidates):  # no cut of a sampled tree is exact: the choice sizes the next one only
+            return StepPlan(candidates, self._next_budget())
         return StepPlan(chosen, self._next_budget())
 
     def observe(self, record: StepRecord) -> None:
@@ -101,6 +106,9 @@ class MoeAwareController(ProfiledController):
         """A candidate tree around `nodes` chosen nodes per row `depth` deep: `candidate_growth` times
         the nodes, one level deeper if `deeper`, and only as many expansions per level as that many
         nodes can use (each expansion is a row of the head's forward and of its output projection)."""
-        nodes = min(default.max_nodes, max(self.candidate_min, round(self.candidate_growth * nodes)))
+        # sampled trees are verified whole: drafted at the size chosen, larger only where the choice
+        # took the whole candidate tree or its last level (so the size can grow back)
+        growth = self.candidate_growth if not self.sampled or deeper else 1.0
+        nodes = min(default.max_nodes, max(1 if self.sampled else self.candidate_min, round(growth * nodes)))
         depth = min(default.max_depth, max(depth + deeper, 1))
-        return TreeBudget(nodes, depth, min(default.branching, max(2, -(-nodes // depth))))
+        return TreeBudget(nodes, depth, min(default.branching, max(2, -(-nodes // depth))), sampled=self.sampled)

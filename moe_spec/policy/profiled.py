@@ -17,6 +17,7 @@ from moe_spec.core.forest import StepForest
 from moe_spec.core.sampling import GREEDY, SamplingConfig
 from moe_spec.core.step_record import StepRecord
 from moe_spec.core.tree import DraftTree
+from moe_spec.policy.candidate_scheme import CandidateScheme, resolve_scheme, with_scheme
 from moe_spec.policy.online_correction import AcceptanceCorrection, CostCorrection
 from moe_spec.profile.cost_model import CostModel, expected_unique_experts
 
@@ -24,12 +25,15 @@ from moe_spec.profile.cost_model import CostModel, expected_unique_experts
 class ProfiledController:
     """Shared machinery: calibrated values with online correction, a cost model with online correction."""
 
-    def __init__(self, profile, adapt: bool = True, persist: bool = False):
+    def __init__(self, profile, adapt: bool = True, persist: bool = False, scheme: CandidateScheme = CandidateScheme.AUTO):
         if profile.calibration is None:
             raise ValueError("this profile has no acceptance calibration (it was made without a drafter)")
         self.profile = profile
         self.adapt = adapt
         self.persist = persist
+        self.scheme = CandidateScheme(scheme)
+        self.sampled = False  # this request's candidates are sampled (set by `begin`)
+        self.calibration = profile.calibration  # the acceptance calibration matching this request
         self._fresh_corrections()
 
     def _fresh_corrections(self) -> None:
@@ -39,7 +43,9 @@ class ProfiledController:
     def begin(self, default: TreeBudget, sampling: SamplingConfig = GREEDY) -> TreeBudget:
         if not self.persist:
             self._fresh_corrections()
-        return default
+        self.sampled = resolve_scheme(self.scheme, sampling, self.profile)
+        self.calibration = self.profile.calibration_for(sampling, self.sampled)
+        return with_scheme(default, self.sampled)
 
     def values(self, tree: DraftTree) -> torch.Tensor:
         """[N] calibrated P(on accepted path), corrected per depth, kept non-increasing along paths."""
@@ -63,7 +69,7 @@ class ProfiledController:
         """[N] over all rows' nodes: the profile's calibrated P(on accepted path), as
         `AcceptanceCalibration.path_probability` computes it for one tree."""
         depths, parents, scores = forest.depths, forest.parent_or_self, forest.scores
-        conditional = self.profile.calibration.conditional_probability_of(np.exp(scores - scores[parents]), depths)
+        conditional = self.calibration.conditional_probability_of(np.exp(scores - scores[parents]), depths)
         conditional[depths == 0] = 1.0
         values = conditional.copy()
         for depth in range(1, forest.max_depth + 1):  # path products, one level at a time

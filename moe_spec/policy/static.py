@@ -2,27 +2,41 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from moe_spec.core.control import StepPlan
 from moe_spec.core.drafting import TreeBudget
 from moe_spec.core.forest import StepForest
 from moe_spec.core.sampling import GREEDY, SamplingConfig
 from moe_spec.core.step_record import StepRecord
 from moe_spec.core.tree import DraftTree
+from moe_spec.policy.candidate_scheme import CandidateScheme, drawn, resolve_scheme, with_scheme
 
 
 class StaticController:
-    """Draft to `budget` every step and verify each row's `budget.max_nodes` best-scored nodes."""
+    """Draft to `budget` every step and verify each row's `budget.max_nodes` best-scored nodes
+    (sampled candidates: as drafted, which is at most that many). `scheme` picks the candidates when
+    sampling; `profile` (a callable giving the target's profile, or None) serves `auto`."""
 
     name = "static"
 
-    def __init__(self, budget: TreeBudget):
+    def __init__(self, budget: TreeBudget, scheme: CandidateScheme = CandidateScheme.TOP,
+                 profile: Callable[[], object] | None = None):
         self.budget = budget
+        self.scheme = CandidateScheme(scheme)
+        self._profile = profile
+        self._step_budget = budget
 
     def begin(self, default: TreeBudget, sampling: SamplingConfig = GREEDY) -> TreeBudget:
-        return self.budget
+        needs_profile = self.scheme is CandidateScheme.AUTO and not sampling.greedy
+        profile = self._profile() if needs_profile and self._profile is not None else None
+        self._step_budget = with_scheme(self.budget, resolve_scheme(self.scheme, sampling, profile))
+        return self._step_budget
 
     def plan(self, candidates: StepForest, draft_ms: float = 0.0) -> StepPlan:
-        return StepPlan(StepForest(tuple(self._select_one(tree) for tree in candidates)), self.budget)
+        if drawn(candidates):
+            return StepPlan(StepForest.of(candidates), self._step_budget)
+        return StepPlan(StepForest(tuple(self._select_one(tree) for tree in candidates)), self._step_budget)
 
     def observe(self, record: StepRecord) -> None:
         pass

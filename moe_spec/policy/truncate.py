@@ -10,6 +10,7 @@ from moe_spec.core.drafting import EAGLE2_BUDGET, TreeBudget
 from moe_spec.core.forest import StepForest
 from moe_spec.core.sampling import GREEDY, SamplingConfig
 from moe_spec.core.step_record import StepRecord
+from moe_spec.policy.candidate_scheme import CandidateScheme, drawn, with_scheme
 from moe_spec.policy.profiled import ProfiledController
 from moe_spec.policy.selection import best_prefix_by_score
 
@@ -41,15 +42,17 @@ class TruncateController(ProfiledController):
 
     name = "truncate"
 
-    def __init__(self, profile, token_cost, adapt: bool = True, persist: bool = False, budget: TreeBudget | None = None):
+    def __init__(self, profile, token_cost, adapt: bool = True, persist: bool = False, budget: TreeBudget | None = None,
+                 scheme: CandidateScheme = CandidateScheme.AUTO):
         """token_cost: callable (T, B=1) -> verify ms for T tokens over B rows (a token-count-only
         latency curve, e.g. `token_count_cost(profile)`)."""
-        super().__init__(profile, adapt=adapt, persist=persist)
+        super().__init__(profile, adapt=adapt, persist=persist, scheme=scheme)
         self.token_cost = token_cost
         self.budget = budget or EAGLE2_BUDGET
 
     def begin(self, default: TreeBudget, sampling: SamplingConfig = GREEDY) -> TreeBudget:
         super().begin(default, sampling)
+        self.budget = with_scheme(self.budget, self.sampled)
         return self.budget
 
     def plan(self, candidates: StepForest, draft_ms: float) -> StepPlan:
@@ -60,7 +63,7 @@ class TruncateController(ProfiledController):
         EVICT's single-sequence cut; for B > 1 the shared call cost is split between the rows, as the
         observed pass's prediction, token_cost(B x width, B), splits it."""
         candidates = StepForest.of(candidates)
-        if candidates.num_drafted == 0:
+        if candidates.num_drafted == 0 or drawn(candidates):  # sampled trees: no cut is exact
             return StepPlan(candidates, self.budget)
         offset = self.cost_correction.offset_ms if self.adapt else 0.0
         rows = candidates.rows

@@ -93,7 +93,7 @@ class NodeSamples:
     conditional_q: np.ndarray  # draft probability of the node given its parent
     cumulative_q: np.ndarray  # draft probability of the node's whole path
     depth: np.ndarray  # int, >= 1
-    conditional_accepted: np.ndarray  # bool
+    conditional_accepted: np.ndarray  # float: P(accepted | parent reached), 0/1 under greedy decoding
     parent_reached: np.ndarray  # bool: the parent lies on the accepted path (root counts)
     on_path: np.ndarray  # bool
     step: np.ndarray  # int: index of the step the node came from
@@ -119,7 +119,7 @@ class NodeSamples:
                     torch.exp(scores - scores[parents])[drafted].numpy(),
                     torch.exp(scores)[drafted].numpy(),
                     tree.depths[drafted].numpy(),
-                    step.conditional_accepted()[drafted].numpy(),
+                    step.acceptance_probability()[drafted].numpy(),
                     on_path[parents][drafted].numpy(),
                     on_path[drafted].numpy(),
                     np.full(len(tree) - 1, index),
