@@ -107,7 +107,7 @@ def run(args: argparse.Namespace) -> dict:
         config = _config(args, model, names, settings)
         if context.profile_source is not None:
             config["profile"] = context.profile_source
-        report = build_report(runs, names, classes, meta, config, static_best=STATIC_BEST in requested)
+        report = build_report(runs, names, classes, meta, config, static_best=any(n.partition("@")[0] == STATIC_BEST for n in requested))
         if args.trace is not None:
             config["trace"] = _trace(args, context, input_ids, classes, settings, config, runs)
         reports[sampling_label(sampling)] = report

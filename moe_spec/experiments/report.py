@@ -110,7 +110,8 @@ def mismatches(runs: Sequence[Run], method: str, reference: str) -> int | None:
 
 
 def add_static_best(table: dict[str, dict]) -> None:
-    """Add `static-best`: the figures of the fixed budget (`static:N`) with the best throughput here."""
+    """Add `static-best`: the figures of the fixed budget (`static:N`, of either candidate scheme when
+    both ran) with the best throughput here."""
     static = {name: figures for name, figures in table.items() if name.startswith("static:")}
     if static:
         best = max(static, key=lambda name: static[name]["tokens_per_s"])

@@ -9,7 +9,9 @@ use), `truncate` (EVICT-style cut under a token-count cost), `moe-aware` (ours) 
 
 A method is what `SpecDecoder` needs besides the target: a drafter (None: plain autoregressive
 decoding through the same cache machinery) and a controller (None: the drafter's own default
-budget). It is named `name` or `name:arg` (`static:16`). `METHODS` maps a name to a `Policy`:
+budget). It is named `name` or `name:arg` (`static:16`), optionally with its candidate scheme for
+sampling requests, `@top` or `@sampled` (`eagle2@sampled`; without: `auto`, the scheme the profile
+measured to accept more, see `moe_spec.policy.candidate_scheme`). `METHODS` maps a name to a `Policy`:
 whether it drafts, what argument it takes, and how its controller is built from a profile (asked
 for only by the methods that price nodes) with online corrections on (`adapt=True`, a real run) or
 off (`adapt=False`, a replay under another cost model). To add a method, register a `Policy`.
@@ -22,9 +24,10 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from moe_spec.core.control import Controller
-from moe_spec.core.drafting import EAGLE2_BUDGET, Drafter
+from moe_spec.core.drafting import EAGLE2_BUDGET, Drafter, TreeBudget
 from moe_spec.core.target import TargetModel
 from moe_spec.errors import InputError
+from moe_spec.policy.candidate_scheme import CandidateScheme
 from moe_spec.policy.moe_aware import MoeAwareController
 from moe_spec.policy.truncate import TruncateController, token_count_cost
 from moe_spec.policy.static import StaticController
@@ -50,29 +53,36 @@ class Policy:
     """One registered method."""
 
     drafts: bool  # needs a drafter (False: plain autoregressive decoding)
-    build: Callable[[str | None, ProfileSource, bool], Controller | None]  # (arg, profile, adapt) -> controller
+    # (arg, profile, adapt, candidate scheme) -> controller
+    build: Callable[[str | None, ProfileSource, bool, CandidateScheme], Controller | None]
     check_argument: Callable[[str, str | None], None] = _no_argument  # (base name, arg); raises InputError
 
 
-def _truncate(arg: str | None, profile: ProfileSource, adapt: bool) -> Controller:
+def _truncate(arg: str | None, profile: ProfileSource, adapt: bool, scheme: CandidateScheme) -> Controller:
     profiled = profile()
     try:
         token_cost = token_count_cost(profiled)
     except ValueError as error:
         raise InputError(f"method 'truncate' needs the profile's unique-experts curve: {error}") from None
-    return TruncateController(profiled, token_cost, adapt=adapt, budget=EAGLE2_BUDGET)
+    return TruncateController(profiled, token_cost, adapt=adapt, budget=EAGLE2_BUDGET, scheme=scheme)
+
+
+def _static(budget: TreeBudget, profile: ProfileSource, scheme: CandidateScheme) -> Controller:
+    return StaticController(budget, scheme, profile)
 
 
 METHODS: dict[str, Policy] = {
-    "ar": Policy(False, lambda arg, profile, adapt: None),
-    "eagle2": Policy(True, lambda arg, profile, adapt: StaticController(EAGLE2_BUDGET)),
-    "static": Policy(True, lambda arg, profile, adapt: StaticController(EAGLE2_BUDGET.with_nodes(int(arg))),
-                     _node_count),
+    "ar": Policy(False, lambda arg, profile, adapt, scheme: None),
+    "eagle2": Policy(True, lambda arg, profile, adapt, scheme: _static(EAGLE2_BUDGET, profile, scheme)),
+    "static": Policy(True, lambda arg, profile, adapt, scheme: _static(EAGLE2_BUDGET.with_nodes(int(arg)), profile,
+                                                                       scheme), _node_count),
     "truncate": Policy(True, _truncate),
-    "moe-aware": Policy(True, lambda arg, profile, adapt: MoeAwareController(profile(), adapt=adapt)),
+    "moe-aware": Policy(True, lambda arg, profile, adapt, scheme: MoeAwareController(profile(), adapt=adapt,
+                                                                                     scheme=scheme)),
     # the ablation: calibrated values and token cost only, no expert pricing
     "moe-aware-noexperts": Policy(
-        True, lambda arg, profile, adapt: MoeAwareController(profile(), price_experts=False, adapt=adapt)),
+        True, lambda arg, profile, adapt, scheme: MoeAwareController(profile(), price_experts=False, adapt=adapt,
+                                                                     scheme=scheme)),
 }
 
 AR = "ar"
@@ -93,20 +103,35 @@ def method_names() -> str:
 
 
 def split_name(name: str) -> tuple[str, str | None]:
-    """`"static:16"` -> `("static", "16")`; `"ar"` -> `("ar", None)`."""
-    base, _, arg = name.partition(":")
+    """`"static:16"` -> `("static", "16")`; `"ar"` -> `("ar", None)` (a scheme suffix is dropped)."""
+    base, _, arg = split_scheme(name)[0].partition(":")
     return base, (arg if arg else None)
 
 
+def split_scheme(name: str) -> tuple[str, CandidateScheme]:
+    """`"eagle2@sampled"` -> `("eagle2", SAMPLED)`; no suffix: `AUTO`."""
+    plain, at, suffix = name.partition("@")
+    if not at:
+        return name, CandidateScheme.AUTO
+    if suffix not in (CandidateScheme.TOP.value, CandidateScheme.SAMPLED.value):
+        raise InputError(f"method {name!r}: the candidate scheme after '@' is 'top' or 'sampled', got {suffix!r}")
+    return plain, CandidateScheme(suffix)
+
+
 def check_name(name: str) -> None:
-    """Raise `InputError` unless `name` is a registered method with a valid argument, or `static-best`."""
-    if name == STATIC_BEST:
+    """Raise `InputError` unless `name` is a registered method with a valid argument (and scheme), or
+    `static-best` (with or without a scheme)."""
+    plain, scheme = split_scheme(name)
+    if plain == STATIC_BEST:
         return
     base, arg = split_name(name)
     policy = METHODS.get(base)
     if policy is None:
-        raise InputError(f"unknown method {name!r}; known methods: {method_names()}")
+        raise InputError(f"unknown method {name!r}; known methods: {method_names()} (a drafting method takes "
+                         f"@top or @sampled)")
     policy.check_argument(base, arg)
+    if scheme is not CandidateScheme.AUTO and not policy.drafts:
+        raise InputError(f"method {base!r} drafts nothing, so it takes no candidate scheme (got {name!r})")
 
 
 def parse_methods(spec: str, option: str = "--methods", references: Collection[str] = ()) -> list[str]:
@@ -126,10 +151,13 @@ def parse_methods(spec: str, option: str = "--methods", references: Collection[s
 
 
 def expand_methods(names: list[str]) -> list[str]:
-    """The methods to run: `static-best` becomes the static grid (without duplicates)."""
+    """The methods to run: `static-best` (`static-best@sampled`) becomes the static grid (each with
+    that suffix), without duplicates."""
     expanded: list[str] = []
     for name in names:
-        for run in (static_grid_names() if name == STATIC_BEST else [name]):
+        plain, at, suffix = name.partition("@")
+        grid = [f"{run}{at}{suffix}" for run in static_grid_names()]
+        for run in (grid if plain == STATIC_BEST else [name]):
             if run not in expanded:
                 expanded.append(run)
     return expanded
@@ -138,7 +166,7 @@ def expand_methods(names: list[str]) -> list[str]:
 def check_runnable(name: str) -> None:
     """`check_name`, and `static-best` refused: one run decodes with one method."""
     check_name(name)
-    if name == STATIC_BEST:
+    if split_scheme(name)[0] == STATIC_BEST:
         raise InputError(f"{STATIC_BEST!r} is an aggregate over {', '.join(static_grid_names())} that bench and "
                          f"simulate report, not a method one run can use; pick one static:N")
 
@@ -148,7 +176,7 @@ def build_controller(name: str, profile: ProfileSource, adapt: bool = True) -> C
     check_runnable(name)
     base, arg = split_name(name)
     try:
-        return METHODS[base].build(arg, profile, adapt)
+        return METHODS[base].build(arg, profile, adapt, split_scheme(name)[1])
     except ValueError as error:  # a profile without what the controller reads (e.g. no calibration)
         raise InputError(f"method {name!r} cannot use this profile: {error}") from None
 
