@@ -78,9 +78,12 @@ def _tree_from_json(data: dict) -> DraftTree:
                      torch.tensor(data["scores"], dtype=torch.float32))
 
 
-def step_from_json(data: dict, layers: tuple[int, ...], num_experts: int) -> StepRecord:
+def step_from_json(data: dict, layers: tuple[int, ...], num_experts: int, vocab_size: int | None = None) -> StepRecord:
     """The one-row `StepRecord` a trace line holds. Traces written before candidates were stored
-    (only their count) read the verified tree as the candidates."""
+    (only their count) read the verified tree as the candidates. Token ids are checked against
+    `vocab_size` when given, expert ids against `num_experts`, the accepted path against the tree."""
+    if not isinstance(data, dict):
+        raise ValueError(f"a step is a JSON object, got {type(data).__name__}")
     tree = _tree_from_json(data)
     experts = torch.tensor(data["experts"], dtype=torch.long)
     if experts.numel() == 0:
@@ -90,9 +93,22 @@ def step_from_json(data: dict, layers: tuple[int, ...], num_experts: int) -> Ste
         raise ValueError(f"argmax {tuple(argmax.shape)} / experts {tuple(experts.shape)} do not fit {len(tree)} nodes")
     if experts.shape[0] != len(layers):
         raise ValueError(f"experts cover {experts.shape[0]} MoE layers, the traced target has {len(layers)}")
+    if experts.numel() and (int(experts.min()) < 0 or int(experts.max()) >= num_experts):
+        raise ValueError(f"expert ids outside 0..{num_experts - 1}")
     candidates = _tree_from_json(data["candidates"]) if "candidates" in data else tree
+    path = [int(i) for i in data["accepted_path"]]
+    if not path or path[0] != 0 or any(not 0 < b < len(tree) or int(tree.parents[b]) != a for a, b in zip(path, path[1:])):
+        raise ValueError(f"accepted_path {path} is not a path from the root of the {len(tree)}-node tree")
+    bonus = int(data["bonus_token"])
+    if int(data["prompt"]) < 0 or int(data["prefix_len"]) < 1:
+        raise ValueError(f"prompt {data['prompt']} / prefix_len {data['prefix_len']} must be >= 0 / >= 1")
+    if vocab_size is not None:
+        for name, ids in (("tokens", tree.tokens), ("candidate tokens", candidates.tokens), ("argmax", argmax),
+                          ("bonus_token", torch.tensor([bonus]))):
+            if int(ids.min()) < 0 or int(ids.max()) >= vocab_size:
+                raise ValueError(f"{name} hold ids outside the traced target's vocabulary 0..{vocab_size - 1}")
     routing = Routing(layers, num_experts, experts) if layers else empty_routing()
-    acceptance = Acceptance([int(i) for i in data["accepted_path"]], int(data["bonus_token"]))
+    acceptance = Acceptance(path, bonus)
     return StepRecord((int(data["prompt"]),), (int(data["prefix_len"]),), (candidates,), StepForest((tree,)), (acceptance,),
                       argmax[None], routing, float(data["verify_ms"]), float(data["draft_ms"]), float(data.get("plan_ms", 0.0)))
 
@@ -110,9 +126,12 @@ class Trace:
 
     def profile(self, override: str | Path | None = None) -> Profile:
         """The profile the benchmark used (copied beside the trace), or `override`; checked against the traced target."""
-        path = Path(override) if override is not None else self.path.parent / str(self.header.get("profile") or "")
-        if override is None and not self.header.get("profile"):
+        named = self.header.get("profile")
+        if override is None and not named:
             raise TraceError(f"trace {self.path} names no profile; pass --profile")
+        if override is None and (not isinstance(named, str) or Path(named).name != named):
+            raise TraceError(f"trace {self.path} names its profile {named!r}, not a file beside it; pass --profile")
+        path = Path(override) if override is not None else self.path.parent / named
         profile = Profile.load(path)
         traced = self.header.get("target", {}).get("weights_sha256")
         if traced is not None and profile.fingerprint.get("weights_sha256") != traced:
@@ -215,36 +234,57 @@ def _rewrite_header(path: Path, header: dict) -> None:
 
 
 def read_trace(path: str | Path) -> Trace:
-    """The header and steps of a trace file; `TraceError` naming the line for anything malformed."""
+    """The header and steps of a trace file; `TraceError` naming the line for anything malformed.
+    Lines are read one at a time, so memory follows the steps kept, not the file held twice."""
     path = Path(path)
     try:
-        lines = path.read_text().splitlines()
+        with path.open(encoding="utf-8") as file:
+            return _read_lines(path, file)
     except OSError as error:
         raise TraceError(f"cannot read trace {path}: {error.strerror or error}") from None
-    if not lines:
+    except UnicodeDecodeError:
+        raise TraceError(f"trace {path} is not UTF-8 text (corrupt, or not a trace)") from None
+
+
+def _read_lines(path: Path, file) -> Trace:
+    first = file.readline()
+    if not first:
         raise TraceError(f"trace {path} is empty")
     try:
-        header = json.loads(lines[0])
+        header = json.loads(first)
     except json.JSONDecodeError as error:
         raise TraceError(f"{path}:1: the header is not JSON ({error})") from None
     if not isinstance(header, dict) or header.get("kind") != "header" or header.get("format") != FORMAT:
         raise TraceError(f"{path}:1: not a moe_spec trace header (written by `moe-spec bench --trace`)")
     if header.get("version") != VERSION:
         raise TraceError(f"{path}: trace version {header.get('version')!r}; this moe_spec reads version {VERSION}")
-    target = header.get("target") or {}
-    layers, num_experts = tuple(int(i) for i in target.get("moe_layers", ())), int(target.get("num_experts", 0))
+    layers, num_experts, vocab_size = _traced_shapes(path, header.get("target") or {})
     steps, classes = [], {}
-    for number, line in enumerate(lines[1:], start=2):
+    for number, line in enumerate(file, start=2):
         if not line.strip():
             continue
         try:
             data = json.loads(line)
-            if data.get("kind") != "step":
-                raise ValueError(f"kind {data.get('kind')!r}, expected 'step'")
-            steps.append(step_from_json(data, layers, num_experts))
+            if not isinstance(data, dict) or data.get("kind") != "step":
+                raise ValueError(f"kind {data.get('kind') if isinstance(data, dict) else data!r}, expected 'step'")
+            steps.append(step_from_json(data, layers, num_experts, vocab_size))
             classes[int(data["prompt"])] = str(data["class"])
-        except (json.JSONDecodeError, KeyError, TypeError, ValueError, AttributeError) as error:
+        except (json.JSONDecodeError, KeyError, TypeError, ValueError, AttributeError, IndexError, OverflowError,
+                RuntimeError) as error:
             raise TraceError(f"{path}:{number}: malformed step ({type(error).__name__}: {error})") from None
     if not steps:
         raise TraceError(f"trace {path} holds no steps")
     return Trace(header, steps, classes, path)
+
+
+def _traced_shapes(path: Path, target) -> tuple[tuple[int, ...], int, int | None]:
+    """(MoE layers, experts, vocabulary or None) of the header's target fingerprint."""
+    def count(value) -> bool:
+        return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+    layers, experts, vocab = (target.get(k) for k in ("moe_layers", "num_experts", "vocab_size")) \
+        if isinstance(target, dict) else (None, None, None)
+    if (not isinstance(target, dict) or not isinstance(layers or [], list) or not all(count(i) for i in layers or [])
+            or not count(experts or 0) or not (vocab is None or count(vocab))):
+        raise TraceError(f"{path}:1: the header's target fingerprint is malformed ({target!r:.200})")
+    return tuple(layers or ()), int(experts or 0), vocab
