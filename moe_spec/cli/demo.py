@@ -62,14 +62,19 @@ def run(args: argparse.Namespace) -> dict:
     tokenizer = load_tokenizer(args.model)
     prompts = _prompts(args.prompts, tokenizer)
     target = TargetModel(model)
-    names = METHODS
-    if args.model is None and args.drafter == "default" and DEFAULT_PROFILE.is_file():
-        names = METHODS + ("moe-aware",)  # the shipped profile of the pair drives our controller
-    context = MethodContext(target, lambda: load_drafter(args.drafter, target), lambda: Profile.load(DEFAULT_PROFILE, target))
-    methods = [build_method(name, context) for name in names]
-    input_ids = [p.input_ids(tokenizer) for p in prompts]
     settings = RunSettings(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
                            top_p=args.top_p, seed=args.seed)
+    sampling = SamplingConfig(args.temperature, args.top_k, args.top_p)
+    embedded = args.model is None and args.drafter == "default" and DEFAULT_PROFILE.is_file()
+    names = METHODS
+    if embedded:
+        names = METHODS + ("moe-aware",)  # the shipped profile of the pair drives our controller
+    elif not sampling.greedy:  # no profile of this target to choose sampled candidates by: the top ones
+        names = tuple(name if name == "ar" else f"{name}@top" for name in METHODS)
+    profile = (lambda: Profile.load(DEFAULT_PROFILE, target)) if embedded else None
+    context = MethodContext(target, lambda: load_drafter(args.drafter, target), profile)
+    methods = [build_method(name, context) for name in names]
+    input_ids = [p.input_ids(tokenizer) for p in prompts]
     runs = run_methods(target, methods, input_ids, settings)
     classes = [p.prompt_class for p in prompts]
     report = build_report(runs, names, classes, [{} for _ in prompts], config={"demo": True})
@@ -80,10 +85,9 @@ def run(args: argparse.Namespace) -> dict:
     )
     print(f"--- {classes[0]} prompt (last lines) ---")
     print(_tail(_decode(tokenizer, input_ids[0][0].tolist())))
-    print("--- eagle2 continuation ---")
-    print(_decode(tokenizer, list(first["eagle2"])))
+    print(f"--- {names[1]} continuation ---")
+    print(_decode(tokenizer, list(first[names[1]])))
     print("---")
-    sampling = SamplingConfig(args.temperature, args.top_k, args.top_p)
     print(format_table(report["methods"], f"{len(prompts)} prompts ({', '.join(classes)}), "
                                           f"{args.max_new_tokens} new tokens each, "
                                           f"{'greedy' if sampling.greedy else 'sampled: ' + sampling_label(sampling)}",
