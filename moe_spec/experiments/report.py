@@ -13,6 +13,8 @@ Figures are totals over the prompts, not means of per-prompt ratios:
 - `verify_ms`, `draft_ms`: mean per step;
 - `draft_share`: drafting time / decode time (prefill excluded);
 - `plan_ms`, `plan_share`: the controller's planning time, mean per step and as a share of decode time;
+- `plain_share`: the share of steps that verified no drafted node (the gate turned speculation off,
+  or the controller chose a plain step);
 - `unique_experts_per_layer`: mean over verify passes of the distinct experts per MoE layer;
 - `expert_loads_per_token`: distinct experts summed over layers, per verify pass, summed over
   passes, divided by the tokens those passes produced.
@@ -30,11 +32,11 @@ from moe_spec.core.stats import GenerationStats
 
 METRICS = (
     "tokens_per_s", "speedup_vs_ar", "speedup_vs_hf_greedy", "mismatches", "mean_accept_len", "verify_ms", "draft_ms", "draft_share", "plan_ms", "plan_share",
-    "unique_experts_per_layer", "expert_loads_per_token", "mean_tree_size", "new_tokens", "steps", "prompts", "repeats",
+    "plain_share", "unique_experts_per_layer", "expert_loads_per_token", "mean_tree_size", "new_tokens", "steps", "prompts", "repeats",
 )
 BASELINE = "ar"
 HF_BASELINE = "hf-greedy"  # transformers' own greedy / sampled `model.generate`
-STEP_FIGURES = ("mean_accept_len", "verify_ms", "draft_ms", "draft_share", "plan_ms", "plan_share",
+STEP_FIGURES = ("mean_accept_len", "verify_ms", "draft_ms", "draft_share", "plan_ms", "plan_share", "plain_share",
                 "unique_experts_per_layer", "expert_loads_per_token", "mean_tree_size", "steps")
 
 
@@ -63,6 +65,7 @@ def aggregate(stats: Sequence[GenerationStats]) -> dict:
         "draft_share": _round(draft_ms / decode_ms if decode_ms > 0 else 0.0),
         "plan_ms": _round(plan_ms / n if n else 0.0),
         "plan_share": _round(plan_ms / decode_ms if decode_ms > 0 else 0.0),
+        "plain_share": _round(sum(s.tree_size == 0 for s in steps) / n if n else 0.0),
         "unique_experts_per_layer": _round(sum(passes) / len(passes) if passes else 0.0),
         "expert_loads_per_token": _round(loads / produced if produced else 0.0),
         "mean_tree_size": _round(sum(s.tree_size for s in steps) / row_steps if row_steps else 0.0),
@@ -161,6 +164,7 @@ COLUMNS = (  # (header, key, format)
     ("draft ms", "draft_ms", "{:.2f}"),
     ("draft %", "draft_share", "{:.1%}"),
     ("plan %", "plan_share", "{:.1%}"),
+    ("plain %", "plain_share", "{:.0%}"),
     ("experts/layer", "unique_experts_per_layer", "{:.1f}"),
     ("loads/token", "expert_loads_per_token", "{:.1f}"),
     ("mismatch", "mismatches", "{:d}"),
