@@ -109,7 +109,10 @@ class ProfiledController:
     def _expert_probs(self, forest: StepForest) -> torch.Tensor | None:
         """[L, N, E] predicted routing of every row's nodes, in the form the profile found to predict
         unique experts best (0/1 top-K sets or probabilities; probabilities over many nodes
-        overestimate the union); None for a dense target."""
+        overestimate the union); None for a dense target.
+
+        The one override point for where routing comes from: `experiments/bounds.py`'s replay
+        oracle prices each node by the routing its trace recorded instead (bound (b))."""
         if not self.profile.cost_model.num_layers:
             return None
         return self.profile.priced_experts(forest.tokens)
