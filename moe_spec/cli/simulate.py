@@ -7,8 +7,12 @@
 `--cost-model` takes a comma-separated list of `profile` (the profile's measured model),
 `analytic:DEVICE` (see `analytic_cost.DEVICES`) or a JSON file holding a cost model
 (`CostModel.to_dict`); each is run at every `--per-expert-scale` S (per-expert cost times S). Prints
-one table per cost model and scale, then one JSON line; `--json` writes everything, `--plots` draws
-speedup against S. See `replay.py` for what is and is not modelled.
+one table per cost model and scale, each followed by its gap decomposition (`bounds.decomposition`:
+how much drafting, routing prediction, calibration and selection cost, as ratios of replayed
+throughputs on the same steps), then one JSON line with a `decomposition` section (per result, and
+the profile's cost-model error against the trace's measured verify times); `--json` writes
+everything, `--plots` draws speedup against S. See `replay.py` and `bounds.py` for what is and is
+not modelled; every bound and oracle is a replay, not a measurement.
 """
 
 from __future__ import annotations
@@ -24,8 +28,10 @@ from moe_spec.experiments.report import format_table
 from moe_spec.profile.cost_model import CostModel
 from moe_spec.errors import InputError
 from moe_spec.experiments.analytic_cost import DEVICES, ModelShapes, analytic_cost_model, analytic_terms, scaled_expert_cost
+from moe_spec.experiments.bounds import decomposition
 from moe_spec.experiments.replay import (
-    DEFAULT_POLICIES, DRAFT_TIMES, check_greedy_trace, draft_factor, parse_policies, recorded_step, simulate, summarise,
+    DEFAULT_POLICIES, DRAFT_TIMES, check_greedy_trace, draft_factor, measured_cost_error, parse_policies, recorded_step,
+    simulate, summarise,
 )
 from moe_spec.experiments.trace_file import Trace, read_trace
 from moe_spec.policy.registry import method_names
@@ -91,7 +97,8 @@ def run(args: argparse.Namespace) -> dict:
             results.append({"cost_model": cost.to_dict(), "per_expert_scale": scale, "analytic_terms": terms,
                             "draft_time": args.draft_time,
                             "draft_time_factor": round(draft_factor(args.draft_time, cost, profile.cost_model), 6),
-                            "policies": {name: r.figures for name, r in replays.items()}})
+                            "policies": {name: r.figures for name, r in replays.items()},
+                            "decomposition": decomposition({name: r.figures for name, r in replays.items()})})
     recorded = summarise([recorded_step(step) for step in trace.steps])
     report = {
         "simulation": True,
@@ -102,6 +109,7 @@ def run(args: argparse.Namespace) -> dict:
         "steps": len(trace.steps),
         "prompts": len({s.rows[0] for s in trace.steps}),
         "recorded": {"eagle2": recorded, "note": "measured on the tracing machine, for comparison (not simulated)"},
+        "cost_model_error": measured_cost_error(trace, profile),
         "results": results,
     }
     print(format_report(report))
@@ -117,6 +125,11 @@ def run(args: argparse.Namespace) -> dict:
         "command": "simulate", "simulation": True, "json": args.json_out,
         "results": [{"cost_model": r["cost_model"]["source"], "per_expert_scale": r["per_expert_scale"],
                      "speedup_vs_ar": {name: f["speedup_vs_ar"] for name, f in r["policies"].items()}} for r in results],
+        "decomposition": {
+            "results": [{"cost_model": r["cost_model"]["source"], "per_expert_scale": r["per_expert_scale"],
+                         **r["decomposition"]} for r in results],
+            "cost_model_error": report["cost_model_error"],
+        },
     }
     print(json.dumps(line))
     return report
@@ -185,4 +198,42 @@ def format_report(report: dict) -> str:
         table = format_table(result["policies"], title, COLUMNS)
         best = result["policies"].get("static-best", {}).get("budget")
         lines += ["", table + (f"\n(static-best = {best})" if best else "")]
+        if result["decomposition"]:
+            lines += ["", format_decomposition(result["decomposition"], report["cost_model_error"])]
     return "\n".join(lines)
+
+
+# (label, key) of the decomposition table's rows, in `bounds.decomposition`'s terms
+DECOMPOSITION_ROWS = (
+    ("drafting the candidate tree (vs sized draft)", "drafting"),
+    ("routing prediction (vs true routing)", "routing"),
+    ("acceptance foresight (vs realised acceptance)", "calibration"),
+    ("interaction of the three", "interaction"),
+    ("all three removed (all oracles)", "all_oracles"),
+    ("remaining: selection (to sized ceiling)", "remaining_selection"),
+    ("total gap to the sized ceiling", "total_to_sized_ceiling"),
+    ("gap to the ceiling, draft as replayed", "to_ceiling"),
+)
+
+
+def format_decomposition(parts: dict, cost_error: dict) -> str:
+    """The gap decomposition of one result: causes as rows, `moe-aware` and `static-best` as columns."""
+    columns = list(parts)
+    width = max(len(label) for label, _ in DECOMPOSITION_ROWS)
+    lines = [f"{LABEL} | gap decomposition: ratios of replayed tok/s on the same steps (> 1: what removing the cause gains)",
+             "  ".join(["cause".ljust(width)] + [c.rjust(11) for c in columns])]
+    for label, key in DECOMPOSITION_ROWS:
+        cells = [f"{parts[c][key]:.3f}x" if parts[c].get(key) is not None else "-" for c in columns]
+        lines.append("  ".join([label.ljust(width)] + [cell.rjust(11) for cell in cells]))
+    moe = parts.get("moe-aware")
+    if moe is not None and moe.get("predicted_accept_len") is not None:
+        lines.append(f"calibration: moe-aware's choices expected {moe['predicted_accept_len']:.3f} tokens per step, "
+                     f"produced {moe['realised_accept_len']:.3f}")
+    recorded, predicted = cost_error["recorded_routing"], cost_error["predicted_routing"]
+    line = (f"cost model (measured, tracing machine, {cost_error['steps']} whole-tree verifies): mean measured "
+            f"{cost_error['measured_ms']:.2f} ms, predicted {recorded['predicted_ms']:.2f} ms on the recorded routing "
+            f"(x{recorded['predicted_over_measured']:.3f}, median |error| {recorded['median_abs_error']:.1%})")
+    if predicted is not None:
+        line += (f", {predicted['predicted_ms']:.2f} ms on the predicted routing (x{predicted['predicted_over_measured']:.3f}, "
+                 f"median |error| {predicted['median_abs_error']:.1%})")
+    return "\n".join(lines + [line])

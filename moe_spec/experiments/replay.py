@@ -31,7 +31,15 @@ Figures cover decode steps only (no prefill), totals over steps, as in `bench/re
 Not modelled: each policy replays EAGLE-2's trajectory (the prefix a step starts from is the one
 EAGLE-2 reached, not the one the policy would have); every policy pays EAGLE-2's draft time, though
 `static:N` and `moe-aware` draft smaller trees in a real run; `moe-aware` chooses from the full
-60-node tree, while in a real run it sizes its candidate tree from recent steps.
+60-node tree, while in a real run it sizes its candidate tree from recent steps; no policy pays
+controller time (plan_ms).
+
+Beside the policies, every replay reports the bounds and oracles of `experiments/bounds.py` (the
+selection ceiling, each with its draft accounting; `moe-aware` with true routing, with realised
+acceptance, with the draft sized to what it verified; `static-best` with a sized draft) and, from
+them, `bounds.decomposition`. `measured_cost_error` compares the profile's cost model with the
+verify times the trace measured, the one part of the decomposition a replay cannot give (a replay
+under the profile's model prices by that model).
 """
 
 from __future__ import annotations
@@ -42,21 +50,25 @@ from dataclasses import dataclass, replace
 import torch
 
 from moe_spec.core.acceptance import accept_greedy
+from moe_spec.policy.profiled import ProfiledController
 from moe_spec.policy.registry import AR, STATIC_BEST, build_controller, expand_methods, parse_methods, static_grid_names
 from moe_spec.core.control import Controller
 from moe_spec.core.drafting import EAGLE2_BUDGET
-from moe_spec.profile.cost_model import CostModel
+from moe_spec.profile.cost_model import CostModel, expected_unique_experts
 from moe_spec.errors import InputError
 from moe_spec.profile.artifact import Profile
 from moe_spec.core.forest import StepForest
 from moe_spec.core.step_record import StepRecord
-from moe_spec.experiments.bounds import path_prefix_options, selection_ceiling
+from moe_spec.experiments.bounds import (
+    ALL_ORACLES, CEILING, REALISED, SIZED_CEILING, SIZED_DRAFT, STATIC_SIZED, TRUE_ROUTING, OracleMoeAware,
+    path_prefix_options, profiled_draft_cost, selection_ceiling, sized_draft_ms,
+)
 from moe_spec.experiments.trace_file import Trace, TraceError
 from moe_spec.core.tree import DraftTree
 
 DRAFT_TIMES = ("scaled", "recorded", "zero")
 DEFAULT_POLICIES = (AR, "eagle2", STATIC_BEST, "truncate", "moe-aware", "moe-aware-noexperts")
-CEILING = "ceiling (bound)"  # the selection ceiling of `experiments/bounds.py`, replayed beside every policy
+BOUNDS = (CEILING, SIZED_CEILING, STATIC_SIZED, SIZED_DRAFT, TRUE_ROUTING, REALISED, ALL_ORACLES)  # report order
 
 
 def parse_policies(spec: str) -> list[str]:
@@ -193,40 +205,127 @@ class PolicyReplay:
 
 def simulate(trace: Trace, profile: Profile, cost: CostModel, policies: Sequence[str],
              draft_time: str = "scaled") -> dict[str, PolicyReplay]:
-    """Policy name -> its replay of every traced step under `cost` (see module docstring)."""
+    """Policy name -> its replay of every traced step under `cost`, then the bounds (`BOUNDS`, those
+    whose policy was asked for; see module docstring)."""
     simulated = replace(profile, cost_model=cost)
     factor = draft_factor(draft_time, cost, profile.cost_model)
     ar = [ar_step(step, cost) for step in trace.steps]
     results: dict[str, PolicyReplay] = {AR: PolicyReplay(AR, ar, summarise(ar))}
     for name in [n for n in expand_methods(list(policies)) if n != AR]:
-        controller = build_controller(name, lambda: simulated, adapt=False)
-        replayed, prompt = [], None
-        for step in trace.steps:
-            if step.rows[0] != prompt:  # a new prompt: a new `generate` call
-                controller.begin(EAGLE2_BUDGET)
-                prompt = step.rows[0]
-            replayed.append(replay_step(step, controller, cost, trace.greedy, factor))
-        results[name] = PolicyReplay(name, replayed, summarise(replayed))
+        results[name] = replay_policy(name, trace, build_controller(name, lambda: simulated, adapt=False), cost, factor)
     if STATIC_BEST in policies:
         grid = [results[n] for n in static_grid_names()]
         best = max(grid, key=lambda r: r.figures["tokens_per_s"])
         results[STATIC_BEST] = PolicyReplay(STATIC_BEST, best.steps, {**best.figures, "budget": best.name})
-    results[CEILING] = ceiling_replay(trace, cost, factor)
+    results.update(bound_replays(trace, simulated, results, factor))
     baseline = results[AR].figures["tokens_per_s"]
     for result in results.values():
         result.figures["speedup_vs_ar"] = _round(result.figures["tokens_per_s"] / baseline) if baseline > 0 else None
-    # `ar` is always replayed (the unit of speedup), the selection ceiling always shown
-    return {name: results[name] for name in [*policies, CEILING]}
+    # `ar` is always replayed (the unit of speedup), the selection ceilings always shown
+    return {name: results[name] for name in [*policies, *[b for b in BOUNDS if b in results]]}
 
 
-def ceiling_replay(trace: Trace, cost: CostModel, factor: float) -> PolicyReplay:
-    """The selection ceiling: the best throughput any node selection could reach on these steps."""
-    options = [path_prefix_options(step, cost, step.draft_ms * factor, unique_experts) for step in trace.steps]
+def replay_policy(name: str, trace: Trace, controller: Controller, cost: CostModel, factor: float) -> PolicyReplay:
+    """`controller` planning every traced step (an `OracleMoeAware` is shown each step first). For a
+    profile-driven controller, `predicted_accept_len` is what its values expected of its choices."""
+    replayed, predicted, prompt = [], [], None
+    for step in trace.steps:
+        if step.rows[0] != prompt:  # a new prompt: a new `generate` call
+            controller.begin(EAGLE2_BUDGET)
+            prompt = step.rows[0]
+        if isinstance(controller, OracleMoeAware):
+            controller.reveal(step)
+        replayed.append(replay_step(step, controller, cost, trace.greedy, factor))
+        if isinstance(controller, ProfiledController):
+            drafted = list(replayed[-1].keep[1:])
+            predicted.append(1.0 + (float(controller.values(step.tree())[drafted].sum()) if drafted else 0.0))
+    figures = summarise(replayed)
+    if predicted:
+        figures["predicted_accept_len"] = _round(sum(predicted) / len(predicted))
+    return PolicyReplay(name, replayed, figures)
+
+
+def bound_replays(trace: Trace, simulated: Profile, results: dict[str, PolicyReplay], factor: float) -> dict[str, PolicyReplay]:
+    """The replays of `experiments/bounds.py` beside `results`: the ceilings always, the moe-aware
+    oracles with `moe-aware`, the sized static-best with `static-best`."""
+    cost, draft_cost = simulated.cost_model, profiled_draft_cost(simulated)
+
+    def recorded(step: StepRecord, keep: Sequence[int]) -> float:
+        return step.draft_ms * factor
+
+    def sized(step: StepRecord, keep: Sequence[int]) -> float:
+        return sized_draft_ms(step, keep, step.draft_ms * factor, draft_cost)
+
+    sizing = ("draft time of the verified subtree's size: the replayed draft time x the profile's draft-cost formula "
+              "at that depth and node count / at the candidates'" if draft_cost is not None else
+              "draft time of the verified subtree's depth: the replayed draft time x its depth / the candidates'")
+    bounds = {
+        CEILING: ceiling_replay(CEILING, trace, cost, recorded, "replay: verifies exactly the accepted path's best prefix"),
+        SIZED_CEILING: ceiling_replay(SIZED_CEILING, trace, cost, sized,
+                                      f"replay: verifies exactly the accepted path's best prefix; {sizing}"),
+    }
+    if STATIC_BEST in results:
+        grid = [resized(results[n], STATIC_SIZED, trace, sized, sizing) for n in static_grid_names()]
+        best = max(grid, key=lambda r: r.figures["tokens_per_s"])
+        budget = static_grid_names()[grid.index(best)]
+        bounds[STATIC_SIZED] = PolicyReplay(STATIC_SIZED, best.steps, {**best.figures, "budget": budget})
+    if "moe-aware" in results:
+        bounds[SIZED_DRAFT] = resized(results["moe-aware"], SIZED_DRAFT, trace, sized,
+                                      f"replay: moe-aware's choices, {sizing}; no controller time (as every replay)")
+        oracles = {TRUE_ROUTING: (True, False, "replay: priced by the recorded routing of every node"),
+                   REALISED: (False, True, "replay: node values 1 on the recorded accepted path, 0 elsewhere"),
+                   ALL_ORACLES: (True, True, f"replay: recorded routing, realised acceptance and {sizing}")}
+        for name, (routing, acceptance, note) in oracles.items():
+            replay = replay_policy(name, trace, OracleMoeAware(simulated, routing, acceptance), cost, factor)
+            if name == ALL_ORACLES:
+                replay = resized(replay, name, trace, sized, note)
+            bounds[name] = PolicyReplay(name, replay.steps, {**replay.figures, "bound": note})
+    return bounds
+
+
+def resized(replay: PolicyReplay, name: str, trace: Trace, draft_ms, note: str) -> PolicyReplay:
+    """`replay`'s choices, each step charged `draft_ms(step, keep)` for drafting instead."""
+    steps = [replace(s, draft_ms=draft_ms(step, s.keep)) for step, s in zip(trace.steps, replay.steps)]
+    extra = {k: v for k, v in replay.figures.items() if k == "predicted_accept_len"}
+    return PolicyReplay(name, steps, {**summarise(steps), **extra, "bound": note})
+
+
+def ceiling_replay(name: str, trace: Trace, cost: CostModel, draft_ms, note: str) -> PolicyReplay:
+    """The selection ceiling: the best throughput any node selection could reach on these steps,
+    each choice charged `draft_ms(step, keep)` for drafting."""
+    options = [path_prefix_options(step, cost, lambda keep, step=step: draft_ms(step, keep), unique_experts)
+               for step in trace.steps]
     picks = selection_ceiling(options)
-    steps = [ReplayedStep(opts[i][2], opts[i][0], opts[i][1] - step.draft_ms * factor, step.draft_ms * factor,
-                          unique_experts(step, opts[i][2]))
-             for step, opts, i in zip(trace.steps, options, picks)]
-    return PolicyReplay(CEILING, steps, {**summarise(steps), "bound": "replay: verifies exactly the accepted path's best prefix"})
+    steps = []
+    for step, opts, i in zip(trace.steps, options, picks):
+        tokens, ms, keep = opts[i]
+        draft = draft_ms(step, keep)
+        steps.append(ReplayedStep(keep, tokens, ms - draft, draft, unique_experts(step, keep)))
+    return PolicyReplay(name, steps, {**summarise(steps), "bound": note})
+
+
+def measured_cost_error(trace: Trace, profile: Profile) -> dict:
+    """The profile's cost model against the verify times the trace measured (EAGLE-2's whole trees):
+    priced on the recorded routing (the formula's own error) and on the profile's predicted routing
+    (what the controller sees: formula and routing prediction together)."""
+    cost, measured, on_recorded, on_predicted = profile.cost_model, [], [], []
+    for step in trace.steps:
+        tree = step.tree()
+        measured.append(step.verify_ms)
+        on_recorded.append(cost.predict_ms(len(tree), unique_experts(step, range(len(tree)))))
+        if cost.num_layers:
+            on_predicted.append(cost.predict_ms(len(tree), expected_unique_experts(profile.priced_experts(tree.tokens))))
+
+    def summary(predicted: list[float]) -> dict:
+        errors = sorted(abs(p - m) / m for p, m in zip(predicted, measured) if m > 0)
+        return {"predicted_ms": _round(sum(predicted) / len(predicted)),
+                "predicted_over_measured": _round(sum(predicted) / sum(measured)),
+                "median_abs_error": _round(errors[len(errors) // 2]) if errors else None}
+
+    return {"measured_ms": _round(sum(measured) / len(measured)), "steps": len(measured),
+            "recorded_routing": summary(on_recorded),
+            "predicted_routing": summary(on_predicted) if on_predicted else None,
+            "note": "measured on the tracing machine (verify of the whole traced tree), not simulated"}
 
 
 def _round(value: float) -> float:
