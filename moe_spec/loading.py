@@ -11,6 +11,7 @@ from moe_spec.core.architectures import SUPPORTED_ARCHITECTURES
 from moe_spec.core import megablocks_experts
 
 from moe_spec.errors import InputError
+from moe_spec.tensor_file import read_header
 
 ASSETS = Path(__file__).parent / "assets"
 DEFAULT_TARGET = ASSETS / "default_target"
@@ -37,14 +38,29 @@ def load_target(
     if dtype not in DTYPES:
         raise InputError(f"dtype must be one of {sorted(DTYPES)}, got {dtype!r}")
     if attn_implementation is None:
-        spec = SUPPORTED_ARCHITECTURES.get(AutoConfig.from_pretrained(folder).model_type)
+        spec = SUPPORTED_ARCHITECTURES.get(_read_config(folder).model_type)
         attn_implementation = "eager" if spec is not None and spec.needs_eager_attention else "sdpa"
-    kwargs = {"dtype": DTYPES[dtype], "attn_implementation": attn_implementation}
+    # safetensors only: a pytorch_model.bin is a pickle, which transformers would otherwise unpickle
+    kwargs = {"dtype": DTYPES[dtype], "attn_implementation": attn_implementation, "use_safetensors": True}
     if device is not None and torch.device(device).type != "cpu":
         kwargs["device_map"] = device
     if experts_implementation == megablocks_experts.NAME:
         megablocks_experts.register()  # transformers' ExpertsInterface knows it from here on
-    model = AutoModelForCausalLM.from_pretrained(folder, **kwargs)
+    for weights in sorted(folder.glob("*.safetensors")):
+        read_header(weights)  # truncated, corrupt or random bytes: named before transformers allocates anything
+    try:
+        # mismatched sizes are reported in `info` (named below) rather than raised with a pointer to a log
+        model, info = AutoModelForCausalLM.from_pretrained(folder, output_loading_info=True,
+                                                           ignore_mismatched_sizes=True, **kwargs)
+    except (OSError, ValueError, KeyError, TypeError, RuntimeError) as error:  # no weights, wrong shapes, another kind
+        raise InputError(f"cannot load a model from {folder}: {_first_line(error)}") from error
+    # transformers initialises missing weights at random (a warning only): that would decode garbage
+    problems = {kind: sorted(info.get(kind) or ()) for kind in ("missing_keys", "unexpected_keys", "mismatched_keys")}
+    if any(problems.values()):
+        listed = "; ".join(f"{kind.replace('_', ' ')}: {', '.join(_key_name(n) for n in names[:5])}"
+                           + (f" and {len(names) - 5} more" if len(names) > 5 else "")
+                           for kind, names in problems.items() if names)
+        raise InputError(f"the weights in {folder} do not fit its config.json ({listed})")
     if experts_implementation is not None and _has_experts(model):
         model.set_experts_implementation(experts_implementation)
     return model.eval()
@@ -58,6 +74,25 @@ def model_folder(path: str | Path | None) -> Path:
     if not (folder / "config.json").is_file():
         raise InputError(f"no model at {folder} (expected a config.json saved by save_pretrained)")
     return folder
+
+
+def _read_config(folder: Path):
+    """The folder's transformers config; `InputError` naming it when it is not one."""
+    try:
+        return AutoConfig.from_pretrained(folder)
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as error:
+        raise InputError(f"{folder / 'config.json'} is not a transformers model config: {_first_line(error)}") from error
+
+
+def _key_name(entry) -> str:
+    """A loading-info entry: a key, or (key, shape in the file, shape the config implies)."""
+    if isinstance(entry, tuple) and len(entry) == 3:
+        return f"{entry[0]} (file {tuple(entry[1])}, config {tuple(entry[2])})"
+    return str(entry)
+
+
+def _first_line(error: Exception) -> str:
+    return (str(error).strip().splitlines() or [type(error).__name__])[0][:300]
 
 
 def _has_experts(model: PreTrainedModel) -> bool:
