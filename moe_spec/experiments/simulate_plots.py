@@ -1,4 +1,4 @@
-"""Figures of a simulation report, each titled as a SIMULATION."""
+"""Figures of a simulation report, each titled as a SIMULATION; bounds and oracles dashed."""
 
 from __future__ import annotations
 
@@ -8,6 +8,8 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+
+from moe_spec.experiments.replay import BOUNDS  # noqa: E402
 
 
 def plot_speedup_vs_scale(report: dict, folder: Path) -> list[Path]:
@@ -23,7 +25,8 @@ def plot_speedup_vs_scale(report: dict, folder: Path) -> list[Path]:
         scales = [r["per_expert_scale"] for r in results]
         fig, ax = plt.subplots(figsize=(6, 4))
         for policy in results[0]["policies"]:
-            ax.plot(scales, [r["policies"][policy]["speedup_vs_ar"] for r in results], marker="o", label=policy)
+            ax.plot(scales, [r["policies"][policy]["speedup_vs_ar"] for r in results], marker="o", label=policy,
+                    linestyle="--" if policy in BOUNDS else "-")
         ax.axhline(1.0, color="grey", linewidth=0.8)
         ax.set_xscale("log", base=2)
         ax.set_xlabel("per-expert cost scale S")
