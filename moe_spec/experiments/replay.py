@@ -305,7 +305,8 @@ def ceiling_replay(name: str, trace: Trace, cost: CostModel, draft_ms, note: str
 
 
 def measured_cost_error(trace: Trace, profile: Profile) -> dict:
-    """The profile's cost model against the verify times the trace measured (EAGLE-2's whole trees):
+    """The profile's cost model against the verify times the trace measured (EAGLE-2's whole trees;
+    `profile` should be the one the bench priced with, the trace's own):
     priced on the recorded routing (the formula's own error) and on the profile's predicted routing
     (what the controller sees: formula and routing prediction together)."""
     cost, measured, on_recorded, on_predicted = profile.cost_model, [], [], []
@@ -319,7 +320,7 @@ def measured_cost_error(trace: Trace, profile: Profile) -> dict:
     def summary(predicted: list[float]) -> dict:
         errors = sorted(abs(p - m) / m for p, m in zip(predicted, measured) if m > 0)
         return {"predicted_ms": _round(sum(predicted) / len(predicted)),
-                "predicted_over_measured": _round(sum(predicted) / sum(measured)),
+                "predicted_over_measured": _round(sum(predicted) / sum(measured)) if sum(measured) > 0 else None,
                 "median_abs_error": _round(errors[len(errors) // 2]) if errors else None}
 
     return {"measured_ms": _round(sum(measured) / len(measured)), "steps": len(measured),
