@@ -43,6 +43,8 @@ def step_inputs(forest: StepForest | Sequence[DraftTree], lengths: torch.Tensor)
     """
     forest = StepForest.of(forest)
     trees, width, batch = forest.trees, forest.width, forest.rows
+    if width == 1:  # roots alone (plain decoding): one token per row at its next position
+        return torch.cat([t.tokens for t in trees])[:, None], torch.ones(batch, 1, 1, dtype=torch.bool), lengths[:, None].clone()
     input_ids = torch.stack([t.tokens[:1] for t in trees]).repeat(1, width)  # [B, N]: every slot the root
     tree_mask = torch.eye(width, dtype=torch.bool).repeat(batch, 1, 1)
     position_ids = lengths[:, None].repeat(1, width).clone()

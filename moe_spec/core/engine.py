@@ -152,7 +152,8 @@ class SpecDecoder:
     def _prefill(self, cache, prompts: list[torch.Tensor], pad: int, sampling: SamplingConfig, generator,
                  drafter: BatchDrafter | None, budget: TreeBudget) -> _Batch:
         ids, mask, positions, valid = prefill_inputs(prompts, pad)
-        out = self.target.forward_tree(cache, ids, mask, positions)
+        # the next token needs only the last column's logits (left padding: every row's last token)
+        out = self.target.forward_tree(cache, ids, mask, positions, features=drafter is not None, last_logits_only=True)
         # the first roots reach Python here: sampled on the host, where the caller's generator lives
         last = out.logits[:, -1].cpu()  # [B, V]
         rows = []
@@ -185,14 +186,17 @@ class SpecDecoder:
         # 3) every row's tree through the target in one forward
         lengths = batch.valid.sum(1)  # [B]
         ids, tree_mask, positions = step_inputs(forest, lengths)
-        out = self.target.forward_tree(cache, ids, tree_mask, positions, prefix_valid=batch.valid)
+        out = self.target.forward_tree(cache, ids, tree_mask, positions, prefix_valid=batch.valid,
+                                       features=drafter is not None)
         self.target.synchronize()  # an asynchronous device has only queued the pass so far
         t3 = time.perf_counter()
         # 4) acceptance, row by row, on the host: the logits reach Python here, once per step
         logits = out.logits.cpu()  # [B, W, V]
         acceptances = tuple(accept(tree, logits[b, : len(tree)], sampling, generator) for b, tree in enumerate(forest))
         # 5) the cache keeps each row's committed columns plus its accepted path; the drafter learns them
-        if len(rows) == 1:  # keep the single-row cache dense: crop or index-select the path
+        if forest.width == 1:  # roots alone (plain decoding): every row keeps its one new column as it is
+            batch.valid = torch.cat([batch.valid, torch.ones(len(rows), 1, dtype=torch.bool)], dim=1)
+        elif len(rows) == 1:  # keep the single-row cache dense: crop or index-select the path
             keep_accepted_path(cache, batch.valid.shape[1], acceptances[0].path)
             batch.valid = torch.cat([batch.valid, torch.ones(1, len(acceptances[0].path), dtype=torch.bool)], dim=1)
         else:
@@ -208,6 +212,7 @@ class SpecDecoder:
             rows=tuple(r.index for r in rows), prefix_lens=tuple(int(n) for n in lengths), candidates=tuple(candidates),
             verified=forest, acceptances=acceptances, argmax=logits.argmax(-1), routing=out.routing,
             verify_ms=(t3 - t2) * 1000, draft_ms=(t1 - t0) * 1000, plan_ms=(t2 - t1) * 1000,
+            sampling=sampling, logits=None if sampling.greedy else logits,
         )
         if self.observer is not None:
             self.observer.on_step(record)
@@ -257,6 +262,11 @@ def _check_plan(plan: StepPlan, candidates: list[DraftTree]) -> None:
     for b, (tree, candidate) in enumerate(zip(plan.verify, candidates)):
         if int(tree.tokens[0]) != int(candidate.tokens[0]):
             raise MoeSpecError(f"the controller's tree for row {b} is not rooted at the row's root")
+        # a cut that looks at what was drawn (scores, tokens, experts) changes the distribution the
+        # rejection sampler reproduces; controllers size sampled trees through the next budget
+        if candidate.sampled and len(tree) != len(candidate):
+            raise MoeSpecError(f"the controller cut row {b}'s sampled candidate tree; sampled candidates are "
+                               f"verified as drafted")
 
 
 def _sequences(input_ids: torch.Tensor, rows: list[_Row], pad: int) -> torch.Tensor:

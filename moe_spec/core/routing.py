@@ -56,7 +56,7 @@ class Routing:
 
     def unique_per_layer(self) -> list[int]:
         """Distinct experts each MoE layer activated over these tokens."""
-        return [int(torch.unique(layer).numel()) for layer in self.experts]
+        return self.activation().sum(1).tolist()  # one scatter for all layers (not a `unique` per layer)
 
     def activation(self) -> torch.Tensor:
         """[L, E] bool: whether each expert was activated by any token."""
@@ -111,8 +111,10 @@ class RoutingRecorder(RouterHooks):
     >>> recorder.routing().experts.shape  # [L, T, K]
     """
 
-    def __init__(self, model: nn.Module, spec: ArchitectureSpec | None = None):
-        super().__init__(find_routers(model, spec))
+    def __init__(self, model: nn.Module, spec: ArchitectureSpec | None = None, routers: list[RouterInfo] | None = None):
+        # `routers`: the model's, already found (a TargetModel keeps them), so that a recorder
+        # entered once per decoding step does not walk the whole module tree each time
+        super().__init__(find_routers(model, spec) if routers is None else routers)
         self._records: dict[int, list[torch.Tensor]] = {}
 
     def _on_enter(self) -> None:
@@ -132,7 +134,9 @@ class RoutingRecorder(RouterHooks):
         """Everything recorded so far, tokens of successive forwards concatenated."""
         if not self._routers:
             return empty_routing()
-        per_layer = [torch.cat(self._records[r.layer], dim=0) for r in self._routers]
+        # one forward recorded (a decoding step): each layer's single record as it is, no copy
+        per_layer = [records[0] if len(records) == 1 else torch.cat(records, dim=0)
+                     for records in (self._records[r.layer] for r in self._routers)]
         device = per_layer[0].device  # layers may sit on several devices (a dispatched model)
         # routing reaches Python here (controllers, statistics, traces read it): one copy to the host
         experts = torch.stack([layer.to(device) for layer in per_layer]).long().cpu()

@@ -6,6 +6,11 @@ whose visibility is given by a tree mask. It passes the model's own forward a fl
 `position_ids = P + depth`, and returns the logits, the hidden states a drafter needs and the
 routing of the N tokens. Sliding-window layers (GPT-OSS) get the dict form of the mask with
 the window applied, since moe_spec keeps full caches (see `kv_cache.py`).
+
+A plain autoregressive step (one new token that sees every cached column) needs no mask: the
+model's own causal mask is the same, so none is built and attention runs unmasked, as in
+`model.generate`. Hidden states are requested only when someone reads them (a drafter), and a
+prefill can keep the last position's logits only.
 """
 
 from __future__ import annotations
@@ -24,8 +29,8 @@ _MASKABLE_ATTENTION = ("eager", "sdpa")
 
 @dataclass(frozen=True)
 class TargetOutput:
-    logits: torch.Tensor  # [B, N, V]
-    features: torch.Tensor  # [B, N, S, D]: hidden states of the S feature layers
+    logits: torch.Tensor  # [B, N, V]; [B, 1, V] when only the last position's were asked for
+    features: torch.Tensor | None  # [B, N, S, D]: hidden states of the S feature layers; None when not asked for
     routing: Routing  # experts [L, B*N, K], tokens in row-major (b, n) order
 
 
@@ -106,6 +111,8 @@ class TargetModel:
         tree_mask: torch.Tensor,  # [B, N, N] bool: node i sees node j
         position_ids: torch.Tensor,  # [B, N] long
         prefix_valid: torch.Tensor | None = None,  # [B, P] bool: cached positions a row may see
+        features: bool = True,  # return the feature layers' hidden states (a drafter reads them)
+        last_logits_only: bool = False,  # logits of the last position only (a prefill's next token)
     ) -> TargetOutput:
         # The mask is built on the host from the host-side layout (valid columns, tree mask,
         # positions: small tensors the engine keeps on the CPU) and moved to the device once.
@@ -116,8 +123,11 @@ class TargetModel:
         if prefix_valid.shape != (batch, prefix_len):
             raise ValueError(f"prefix_valid has shape {tuple(prefix_valid.shape)}, expected {(batch, prefix_len)}")
         visible = torch.cat([prefix_valid[:, None, :].expand(batch, n, prefix_len), tree_mask], dim=-1)  # [B, N, P+N]
-        attention_mask = self._additive(visible)
-        if self.sliding_window is not None:
+        if n == 1 and bool(visible.all()) and (self.sliding_window is None or prefix_len + 1 <= self.sliding_window):
+            attention_mask = None  # one token seeing every column: the model's causal mask hides nothing either
+        else:
+            attention_mask = self._additive(visible)
+        if attention_mask is not None and self.sliding_window is not None:
             key_positions = torch.cat([prefix_valid.long().cumsum(-1) - 1, position_ids.cpu()], dim=-1)  # [B, P+N]
             in_window = (position_ids.cpu()[:, :, None] - key_positions[:, None, :]) < self.sliding_window
             attention_mask = {
@@ -125,17 +135,18 @@ class TargetModel:
                 "sliding_attention": self._additive(visible & in_window),
             }
         device = self.device
-        with RoutingRecorder(self.model, self.spec) as recorder:
+        with RoutingRecorder(self.model, self.spec, self.routers) as recorder:
             out = self.model(
                 input_ids=input_ids.to(device),
                 attention_mask=attention_mask,
                 position_ids=position_ids.to(device),
                 past_key_values=cache,
                 use_cache=True,
-                output_hidden_states=True,
+                output_hidden_states=features,
+                logits_to_keep=1 if last_logits_only else 0,
             )
-        features = torch.stack([out.hidden_states[i] for i in self.feature_layers], dim=2)  # [B, N, S, D]
-        return TargetOutput(logits=out.logits, features=features, routing=recorder.routing())
+        hidden = torch.stack([out.hidden_states[i] for i in self.feature_layers], dim=2) if features else None  # [B, N, S, D]
+        return TargetOutput(logits=out.logits, features=hidden, routing=recorder.routing())
 
     def _additive(self, visible: torch.Tensor) -> torch.Tensor:
         """[B, N, K] bool -> [B, 1, N, K] float mask: 0 where visible, dtype-min elsewhere."""
