@@ -320,7 +320,7 @@ DROP_IN = {
                   Choice("'x'", lambda: "x", bad=True)],
     "drafter": [Choice("lookup", lambda: _lookup()), Choice("'lookup'", lambda: "lookup"), Choice("none", lambda: None),
                 Choice("3", lambda: 3, bad=True)],
-    "method": _choices(None, "ar", "eagle2", bad=(3, "medusa")),
+    "method": _choices(None, "ar", "eagle2@top", "static:4@sampled", bad=(3, "medusa")),
     "moe_streamer": [Choice("none", lambda: None), Choice("recording", RecordingStreamer),
                      Choice("3", lambda: 3, bad=True)],
     "attention_mask": None,  # from the layout, as for the engine
