@@ -173,3 +173,16 @@ def test_integer_ids_of_any_width_decode_as_long(model):
     mask = torch.ones_like(GOOD)
     for mask_dtype in (torch.bool, torch.int32, torch.long):
         assert torch.equal(decoder.generate(GOOD, attention_mask=mask.to(mask_dtype), max_new_tokens=6).sequences, expected)
+
+
+@pytest.mark.gpu
+def test_on_cuda_a_cuda_generator_is_refused_and_cuda_inputs_decode():
+    """Sampling happens on the host, so the generator must be a CPU one; ids and masks may live anywhere."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA device")
+    model = tiny_model("qwen3_moe").cuda()
+    decoder = SpecDecoder(model, drafter=LookupDrafter())
+    with pytest.raises(InputError, match=r"generator must be a CPU torch.Generator .* got one on cuda"):
+        decoder.generate(GOOD.cuda(), temperature=1.0, generator=torch.Generator(device="cuda"), max_new_tokens=4)
+    out = decoder.generate(GOOD.cuda(), attention_mask=torch.ones_like(GOOD).cuda(), max_new_tokens=8)
+    assert torch.equal(out.sequences, hf_greedy(model, REPETITIVE_PROMPT, 8))
