@@ -34,10 +34,13 @@ def resolve_scheme(scheme: CandidateScheme, sampling: SamplingConfig, profile=No
         return False
     if scheme is CandidateScheme.SAMPLED:
         return True
-    measured = profile.sampling_acceptance if profile is not None else ()
-    if not measured:
-        warnings.warn("candidates: the profile measured no sampling setting; drafting top tokens (profile with "
-                      "--sampling to measure which scheme accepts more)", stacklevel=3)
+    if profile is None:
+        warnings.warn("candidates: no profile says which scheme accepts more; drafting top tokens (name one: "
+                      "METHOD@top or METHOD@sampled)", stacklevel=3)
+        return False
+    if not profile.sampling_acceptance:
+        warnings.warn("candidates: the profile measured no sampling setting; drafting top tokens (measure them "
+                      "with scripts/profile_sampling.py, or name one: METHOD@top or METHOD@sampled)", stacklevel=3)
         return False
     choice = profile.preferred_scheme(sampling)
     if not choice.exact:

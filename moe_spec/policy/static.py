@@ -10,6 +10,7 @@ from moe_spec.core.forest import StepForest
 from moe_spec.core.sampling import GREEDY, SamplingConfig
 from moe_spec.core.step_record import StepRecord
 from moe_spec.core.tree import DraftTree
+from moe_spec.errors import InputError
 from moe_spec.policy.candidate_scheme import CandidateScheme, drawn, resolve_scheme, with_scheme
 
 
@@ -28,8 +29,12 @@ class StaticController:
         self._step_budget = budget
 
     def begin(self, default: TreeBudget, sampling: SamplingConfig = GREEDY) -> TreeBudget:
-        needs_profile = self.scheme is CandidateScheme.AUTO and not sampling.greedy
-        profile = self._profile() if needs_profile and self._profile is not None else None
+        profile = None
+        if self.scheme is CandidateScheme.AUTO and not sampling.greedy and self._profile is not None:
+            try:
+                profile = self._profile()
+            except InputError:  # none was given: `auto` keeps top tokens, and says so
+                profile = None
         self._step_budget = with_scheme(self.budget, resolve_scheme(self.scheme, sampling, profile))
         return self._step_budget
 

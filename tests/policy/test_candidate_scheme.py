@@ -112,3 +112,12 @@ def test_a_controller_that_cuts_a_sampled_tree_is_refused():
         warnings.simplefilter("error")
         # the same controller may cut top-token candidates: greedy decoding never samples them
         decoder.generate(torch.tensor([[1, 2, 3]]), max_new_tokens=6)
+
+
+def test_auto_without_a_profile_keeps_top_tokens_and_says_so():
+    def missing():
+        raise InputError("method 'eagle2' needs a profile of the target; pass --profile")
+
+    controller = build_controller("eagle2", missing)
+    with pytest.warns(UserWarning, match="no profile"):
+        assert not controller.begin(TreeBudget(), SamplingConfig(1.0)).sampled
