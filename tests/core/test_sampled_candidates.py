@@ -163,3 +163,23 @@ def test_a_perturbed_proposal_fails_the_distribution_test():
     counts = pair_counts(eagle_decoder(model, TreeBudget(6, 2, 3, sampled=True), perturb=True), config, seed=1)
     with pytest.raises(AssertionError):
         assert_follows(counts, exact_distribution_of_tokens_2_and_3(model, PROMPT, VOCAB, config))
+
+
+def test_lookup_candidates_under_sampling_follow_the_target():
+    """The lookup drafter's n-gram continuations (deterministic candidates) under top-p sampling."""
+    from moe_spec.drafters.lookup import LookupDrafter
+
+    model = tiny_model("olmoe", vocab_size=VOCAB, seed=4)
+    prompt = [1, 4, 2, 5, 1, 4, 2, 5, 1, 4]  # repeats: lookup finds continuations to propose
+    config = SamplingConfig(0.8, top_p=0.9)
+    decoder = SpecDecoder(model, drafter=LookupDrafter())
+    generator = torch.Generator().manual_seed(21)
+    counts, drafted = torch.zeros(VOCAB, VOCAB), 0
+    for _ in range(1200):
+        result = decoder.generate(torch.tensor([prompt]), max_new_tokens=4, temperature=config.temperature,
+                                  top_p=config.top_p, eos_token_id=[], generator=generator)
+        _x1, x2, x3, _x4 = result.sequences[0, len(prompt):].tolist()
+        counts[x2, x3] += 1
+        drafted += sum(s.tree_size for s in result.stats.steps)
+    assert drafted > 1200
+    assert_follows(counts, exact_distribution_of_tokens_2_and_3(model, prompt, VOCAB, config))
