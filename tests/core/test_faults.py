@@ -21,14 +21,20 @@ import pytest
 import torch
 
 import moe_spec.core.engine as engine_module
+from moe_spec.core.drafting import EAGLE2_BUDGET, TreeBudget, check_proposal
 from moe_spec.core.engine import SpecDecoder
 from moe_spec.core.step_record import DecodeObserver
 from moe_spec.core.target import TargetModel
+from moe_spec.core.tree import DraftTree, chain_tree
+from moe_spec.drafters.lookup import LookupDrafter
+from moe_spec.errors import DrafterError
 from moe_spec.experiments.soak import registered_hooks
 from moe_spec.loading import load_drafter, load_target
 from moe_spec.measure.store import DEFAULT_PROFILE
 from moe_spec.policy.registry import METHODS, MethodContext, build_method
 from moe_spec.profile.artifact import Profile
+from moe_spec.testing.helpers import REPETITIVE_PROMPT, hf_greedy
+from moe_spec.testing.tiny_models import tiny_model
 
 POLICIES = [name if name != "static" else "static:8" for name in METHODS]  # every registered policy
 TIME_INDEPENDENT = {"ar", "eagle2", "static:8"}  # their trees do not depend on measured times
@@ -235,3 +241,100 @@ def test_a_fault_reaches_the_caller_and_leaves_nothing_behind(pair, monkeypatch,
         streamer.tokens.clear()
         out = run(decoder, dict(temperature=0.0), streamer=streamer)
         assert streamer.tokens == out[0].tolist()
+
+
+# -- trees bounded: a drafter over its budget is refused before the target sees the tree -------------
+
+
+class StarDrafter:
+    """A per-sequence drafter that ignores its budget: the root and `size` children."""
+
+    def __init__(self, size: int, budget: TreeBudget = TreeBudget(8, 3, 4)):
+        self.size, self.default_budget = size, budget
+
+    def begin(self, prompt, features):
+        pass
+
+    def commit(self, tokens, features):
+        pass
+
+    def propose(self, root_token, budget, sampling):
+        return DraftTree.from_lists([root_token] + [3] * self.size, [-1] + [0] * self.size)
+
+
+class ChainDrafter(StarDrafter):
+    """A per-sequence drafter proposing a chain `size` deep whatever depth it is allowed."""
+
+    def propose(self, root_token, budget, sampling):
+        return chain_tree([root_token] + [3] * self.size)
+
+
+class BatchOf:
+    """A batch drafter returning `trees(roots)` instead of trees it built."""
+
+    def __init__(self, trees, budget: TreeBudget = TreeBudget(8, 3, 4)):
+        self.trees, self.default_budget = trees, budget
+
+    def begin(self, prompts, features):
+        pass
+
+    def commit(self, tokens, features):
+        pass
+
+    def keep_rows(self, rows):
+        pass
+
+    def propose(self, roots, budget, max_depths, sampling, generator=None):
+        return self.trees(roots)
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    target = TargetModel(tiny_model("qwen3_moe"))
+    SpecDecoder(target, drafter=LookupDrafter()).generate(torch.tensor([REPETITIVE_PROMPT]), max_new_tokens=2)  # see `pair`
+    return target
+
+
+def _refused(target: TargetModel, drafter, match: str, max_new_tokens: int = 12):
+    """The drafter's proposal is a DrafterError naming `match`; the target ran its prefill only, and the
+    decoder decodes as plain greedy decoding with a well-behaved drafter afterwards."""
+    forwards = []
+    handle = target.model.lm_head.register_forward_hook(lambda module, inputs, output: forwards.append(1))
+    hooks = registered_hooks(target.model)
+    decoder = SpecDecoder(target, drafter=drafter)
+    try:
+        with pytest.raises(DrafterError, match=match):
+            decoder.generate(torch.tensor([REPETITIVE_PROMPT]), max_new_tokens=max_new_tokens)
+    finally:
+        handle.remove()
+    assert len(forwards) == 1, "the oversized tree never reached the target"
+    assert registered_hooks(target.model) == hooks - 1
+    decoder.drafter = LookupDrafter()
+    assert torch.equal(decoder.generate(torch.tensor([REPETITIVE_PROMPT]), max_new_tokens=8).sequences,
+                       hf_greedy(target.model, REPETITIVE_PROMPT, 8))
+
+
+def test_a_ten_thousand_node_tree_is_refused_naming_the_drafter_and_sizes(tiny):
+    _refused(tiny, StarDrafter(10_000), r"StarDrafter proposed 10000 drafted nodes for row 0, over its budget of 8")
+
+
+def test_a_tree_deeper_than_the_budget_is_refused(tiny):
+    _refused(tiny, ChainDrafter(5), r"ChainDrafter proposed a tree 5 deep for row 0, over the 3 it was allowed")
+
+
+def test_a_tree_deeper_than_the_rows_remaining_tokens_is_refused(tiny):
+    # 3 new tokens: the first root is one, so a step may draft at most 1 deep
+    _refused(tiny, ChainDrafter(3), r"ChainDrafter proposed a tree 3 deep .* over the 1 it was allowed", max_new_tokens=3)
+
+
+def test_a_batch_drafter_must_return_one_tree_per_row(tiny):
+    _refused(tiny, BatchOf(lambda roots: [DraftTree.root_only(r) for r in roots] * 2), r"BatchOf returned 2 trees for a batch of 1")
+    _refused(tiny, BatchOf(lambda roots: [list(roots)]), r"BatchOf returned a list for row 0, not a DraftTree")
+
+
+def test_an_oversized_tree_is_refused_without_walking_it():
+    huge = DraftTree.from_lists([0] * 10_001, [-1] + [0] * 10_000)
+    with pytest.raises(DrafterError, match="10000 drafted nodes"):
+        check_proposal("Huge", [huge], 1, EAGLE2_BUDGET, [5])
+    assert "_depths" not in huge.__dict__, "refused on its node count alone, before its depths"
+    check_proposal("Huge", [huge.subtree(list(range(61)))], 1, EAGLE2_BUDGET, [5])  # within budget: accepted
