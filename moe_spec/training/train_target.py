@@ -10,7 +10,8 @@ the full router learning rate collapsed).
 
     moe-spec train-target --out runs/default_target --minutes 65 --threads 1   (moe_spec/cli/train_target.py)
 
-Rerunning the same command resumes from `OUT/checkpoint/`. The run ends with `OUT/model/`
+Rerunning the same command resumes from `OUT/checkpoint/` (safetensors weights and optimizer state
+plus `state.json`; nothing is unpickled). The run ends with `OUT/model/`
 (bfloat16 weights, the bias kept in fp32, the tokenizer and `moe_spec_meta.json`).
 """
 
