@@ -40,6 +40,7 @@ class MoeAwareController(ProfiledController):
         self.price_experts = price_experts
         self.candidate_growth = candidate_growth
         self.candidate_min = candidate_min
+        self.sampled_min = 2  # nodes of a sampled candidate tree, when drafting at all
         self.recent_steps = recent_steps
         self.probe_every = probe_every
         self._default = EAGLE2_BUDGET
@@ -106,9 +107,9 @@ class MoeAwareController(ProfiledController):
         """A candidate tree around `nodes` chosen nodes per row `depth` deep: `candidate_growth` times
         the nodes, one level deeper if `deeper`, and only as many expansions per level as that many
         nodes can use (each expansion is a row of the head's forward and of its output projection)."""
-        # sampled trees are verified whole: drafted at the size chosen, larger only where the choice
-        # took the whole candidate tree or its last level (so the size can grow back)
-        growth = self.candidate_growth if not self.sampled or deeper else 1.0
-        nodes = min(default.max_nodes, max(1 if self.sampled else self.candidate_min, round(growth * nodes)))
+        # sampled trees are verified whole, so they are drafted smaller (`sampled_min`) but grown the
+        # same way: a choice made on a tree of the last choice's size alone could only shrink
+        floor = self.sampled_min if self.sampled else self.candidate_min
+        nodes = min(default.max_nodes, max(floor, round(self.candidate_growth * nodes)))
         depth = min(default.max_depth, max(depth + deeper, 1))
         return TreeBudget(nodes, depth, min(default.branching, max(2, -(-nodes // depth))), sampled=self.sampled)
