@@ -34,7 +34,9 @@ class FullTreeDrafter:
                 for second in (0, 1):
                     tokens.append(second)
                     parents.append(parent)
-        return DraftTree.from_lists(tokens, parents)
+        tree = DraftTree.from_lists(tokens, parents)
+        # within the budget asked for: a prefix in node order (depth-first here) keeps every parent
+        return tree if tree.num_drafted <= budget.max_nodes else tree.subtree(list(range(budget.max_nodes + 1)))
 
 
 @pytest.mark.parametrize("arch", ["qwen3_moe", "gpt_oss"])
