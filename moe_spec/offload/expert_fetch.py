@@ -1,0 +1,127 @@
+"""Moving experts from the slow tier into slots: reads issued together, in parallel.
+
+- `DiskFetcher` reads blocks of an `ExpertStore` (O_DIRECT) with a small thread pool: each worker
+  reads its share of the misses into its own page-aligned staging buffer and copies each block into
+  its slot (`os.preadv` and torch's copy both release the GIL, so reads overlap one another and the
+  caller's compute). A whole layer is one contiguous range of the file, read in `workers` pieces.
+- `HostFetcher` keeps every expert in pinned host memory and copies into device slots without
+  blocking (the CUDA `host` tier); on the CPU it is a plain memory copy, used by tests only.
+
+`fetch` returns a `PendingReads`; `wait()` returns once every read has finished, and raises the
+first failure only after all of them have stopped writing into slots.
+"""
+
+from __future__ import annotations
+
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+
+import torch
+
+from moe_spec.offload.expert_store import ExpertStore, aligned_buffer
+
+Jobs = list[tuple[int, int]]  # (expert, slot)
+
+
+class PendingReads:
+    def __init__(self, futures: list[Future] | None = None, device: torch.device | None = None):
+        self._futures = futures or []
+        self._device = device
+
+    def wait(self) -> float:
+        """Block until every read is done; the ms spent waiting."""
+        start = time.perf_counter()
+        error = None
+        for future in self._futures:
+            try:
+                future.result()
+            except BaseException as failure:  # keep waiting: no read may still be writing into a slot
+                error = error or failure
+        if self._device is not None and self._device.type == "cuda":
+            torch.cuda.current_stream(self._device).synchronize()
+        if error is not None:
+            raise error
+        return (time.perf_counter() - start) * 1000
+
+
+class DiskFetcher:
+    def __init__(self, store: ExpertStore, workers: int = 4, verify: bool = False):
+        if workers < 1:
+            raise ValueError(f"workers must be >= 1, got {workers}")
+        self.store = store
+        self.workers = workers
+        self.verify = verify
+        self.block_bytes = store.layout.block_bytes
+        self._pool = ThreadPoolExecutor(workers, thread_name_prefix="moe_spec-expert-read")
+        self._buffers = [aligned_buffer(self.block_bytes) for _ in range(workers)]  # one staging buffer per worker
+        self._layer_buffer = None  # for whole-layer reads, allocated on first use
+
+    def bytes_per_expert(self) -> int:
+        return self.block_bytes
+
+    def fetch(self, position: int, jobs: Jobs, slots: list[torch.Tensor]) -> PendingReads:
+        """Start reading experts `jobs` of MoE layer `position` into their slots."""
+        if not jobs:
+            return PendingReads()
+        shares = [jobs[w:: self.workers] for w in range(min(self.workers, len(jobs)))]
+        return PendingReads([self._pool.submit(self._read_share, position, share, slots, self._buffers[w])
+                             for w, share in enumerate(shares)])
+
+    def _read_share(self, position: int, share: Jobs, slots: list[torch.Tensor], buffer) -> None:
+        view = memoryview(buffer)
+        for expert, slot in share:
+            self.store.read(position, expert, view, verify=self.verify)
+            for target, source in zip(slots, self.store.tensors(buffer)):
+                target[slot].copy_(source)
+
+    def fetch_layer(self, position: int, slots: list[torch.Tensor]) -> PendingReads:
+        """Read every expert of layer `position` into slots 0..E-1 (whole-layer fetching)."""
+        num_experts = self.store.layout.num_experts
+        if self._layer_buffer is None:
+            self._layer_buffer = aligned_buffer(num_experts * self.block_bytes)
+        # contiguous pieces (expert ranges), so that each worker issues one large read
+        size = -(-num_experts // self.workers)
+        pieces = [list(range(start, min(start + size, num_experts))) for start in range(0, num_experts, size)]
+        return PendingReads([self._pool.submit(self._read_range, position, piece, slots) for piece in pieces])
+
+    def _read_range(self, position: int, experts: list[int], slots: list[torch.Tensor]) -> None:
+        first = experts[0]
+        start = first * self.block_bytes
+        view = memoryview(self._layer_buffer)[start: start + len(experts) * self.block_bytes]
+        self.store.read_range(position, first, len(experts), view)
+        for i, expert in enumerate(experts):
+            block = memoryview(self._layer_buffer)[start + i * self.block_bytes: start + (i + 1) * self.block_bytes]
+            for target, source in zip(slots, self.store.tensors(block)):
+                target[expert].copy_(source)
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True)
+
+
+class HostFetcher:
+    """Every expert in (pinned, on CUDA) host memory; `fetch` copies into device slots."""
+
+    def __init__(self, layers: list[list[torch.Tensor]], device: torch.device):
+        # layers[position][param]: [E, *shape] on the host
+        self.device = torch.device(device)
+        pin = self.device.type == "cuda"
+        self.layers = [[t.pin_memory() if pin else t for t in params] for params in layers]
+        first = self.layers[0]
+        self._bytes = sum(t[0].numel() * t.element_size() for t in first)
+
+    def bytes_per_expert(self) -> int:
+        return self._bytes
+
+    def fetch(self, position: int, jobs: Jobs, slots: list[torch.Tensor]) -> PendingReads:
+        for expert, slot in jobs:
+            for target, source in zip(slots, self.layers[position]):
+                target[slot].copy_(source[expert], non_blocking=True)
+        return PendingReads(device=self.device)
+
+    def fetch_layer(self, position: int, slots: list[torch.Tensor]) -> PendingReads:
+        for target, source in zip(slots, self.layers[position]):
+            target[: source.shape[0]].copy_(source, non_blocking=True)
+        return PendingReads(device=self.device)
+
+    def close(self) -> None:
+        pass

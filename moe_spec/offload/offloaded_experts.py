@@ -1,0 +1,300 @@
+"""Routed experts served from a slow tier through a resident cache, as a transformers experts implementation.
+
+    offload = offload_experts(model, OffloadConfig(tier="disk", folder="runs/store", resident=16))
+    SpecDecoder(model, drafter, controller, offload=offload).generate(...)
+
+`offload_experts` writes (or reopens) the model's expert store, gives every MoE layer a
+`LayerCache` of `resident` slots, frees the routed experts' weights (accelerate's
+`set_module_tensor_to_device(..., "meta")`, as its own offloading does), and registers one experts
+implementation in transformers' `ExpertsInterface` that the model is switched to. Shared experts,
+routers, attention and embeddings stay where they are.
+
+Each experts call (one MoE layer of one forward) then:
+1. lists the distinct experts its tokens route to and asks the layer cache for hits, admissions
+   (read now, kept) and overflow (more experts than `resident`: read through scratch slots);
+2. starts the admitted reads (parallel, see `expert_fetch.py`) and computes the hits meanwhile;
+3. computes the admitted experts once read, then streams the overflow chunk by chunk;
+4. combines the (token, k) rows exactly as the implementation it replaces would.
+
+Lossless by construction: every (token, k) row is computed by transformers' own implementation
+(the one the model ran before: `grouped_mm`, or the model's `eager` loop), called on a view of the
+experts module whose weights are the slots and with each pair as a one-expert token, so the row is
+the same group matmul on the same inputs; the rows are then summed over k in (token, k) order as
+`grouped_mm` does, or accumulated expert by expert in ascending id as `eager` does. Greedy output is
+token-identical and sampling draws identical for every C, batch and policy (tested per
+architecture). Other implementations (`batched_mm`, `megablocks`) are served as `grouped_mm`.
+
+Whole-layer fetching (`cache="whole-layer"`: every pass reads all experts of each layer, as
+module-granular offloading does) and no cache (`resident=0`: every pass reads each expert it uses)
+are the peers the resident cache is measured against.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+
+from moe_spec.errors import InputError
+from moe_spec.offload.expert_fetch import DiskFetcher, HostFetcher
+from moe_spec.offload.expert_store import FILE_NAME, ExpertStore, expert_params, find_experts, write_store
+from moe_spec.offload.resident_cache import Eviction, LayerCache
+
+TIERS = ("disk", "host")
+CACHES = ("resident", "whole-layer")
+_NAMES = itertools.count()
+
+
+@dataclass(frozen=True)
+class OffloadConfig:
+    folder: str | Path  # where the expert store lives (written there once)
+    tier: str = "disk"  # disk: the store file, read with O_DIRECT; host: pinned host memory (CUDA)
+    resident: int = 16  # experts per MoE layer kept in fast memory (C); 0: no cache
+    cache: str = "resident"  # or "whole-layer": every pass reads all of a layer's experts
+    eviction: Eviction = Eviction.LRU
+    scratch: int | None = None  # slots a pass streams overflow through; default 2 * top-k
+    workers: int = 4  # parallel reads
+    verify_reads: bool = False  # check every block's CRC-32 as it is read
+
+    def __post_init__(self):
+        if self.tier not in TIERS:
+            raise InputError(f"offload tier must be one of {TIERS}, got {self.tier!r}")
+        if self.cache not in CACHES:
+            raise InputError(f"offload cache must be one of {CACHES}, got {self.cache!r}")
+        if not isinstance(self.resident, int) or self.resident < 0:
+            raise InputError(f"resident experts must be an integer >= 0, got {self.resident!r}")
+        if self.scratch is not None and self.scratch < 1:
+            raise InputError(f"scratch slots must be >= 1, got {self.scratch}")
+        if self.workers < 1:
+            raise InputError(f"offload workers must be >= 1, got {self.workers}")
+        object.__setattr__(self, "eviction", Eviction(self.eviction))
+
+    def describe(self) -> str:
+        if self.cache == "whole-layer":
+            return f"{self.tier}, whole-layer fetching"
+        return f"{self.tier}, {'no cache' if self.resident == 0 else f'{self.resident} resident, {self.eviction.value}'}"
+
+
+@dataclass
+class OffloadCounters:
+    """Cumulative counts over experts calls (one per MoE layer per forward)."""
+
+    calls: int = 0
+    hits: int = 0  # (layer, expert) a pass needed and found resident
+    misses: int = 0  # (layer, expert) a pass needed and had to read
+    bytes_read: int = 0
+    wait_ms: float = 0.0  # time the forward waited on reads (what compute did not hide)
+    per_layer_misses: list[int] = field(default_factory=list)
+
+    def copy(self) -> "OffloadCounters":
+        return replace(self, per_layer_misses=list(self.per_layer_misses))
+
+    def since(self, earlier: "OffloadCounters") -> "OffloadCounters":
+        return OffloadCounters(self.calls - earlier.calls, self.hits - earlier.hits, self.misses - earlier.misses,
+                               self.bytes_read - earlier.bytes_read, self.wait_ms - earlier.wait_ms,
+                               [a - b for a, b in zip(self.per_layer_misses, earlier.per_layer_misses)])
+
+
+class _SlotView:
+    """An experts module seen with the layer's slots as its expert weights (and as many "experts" as
+    slots): what transformers' experts implementations read, nothing set on the module itself."""
+
+    def __init__(self, module: nn.Module, tensors: dict[str, torch.Tensor], num_slots: int):
+        self.__dict__.update(tensors)
+        self.num_experts = num_slots
+        self._module = module
+
+    def __getattr__(self, name):
+        return getattr(self._module, name)
+
+
+class ExpertOffload:
+    """The installed offload of one model: its caches, its fetcher and its counters."""
+
+    def __init__(self, model: nn.Module, store: ExpertStore, config: OffloadConfig):
+        experts = find_experts(model)
+        self.config = config
+        self.store = store
+        self.layers = tuple(e.layer for e in experts)
+        self.num_experts = store.layout.num_experts
+        self.top_k = int(getattr(model.config, "num_experts_per_tok", 0) or 0) or None
+        device = next(p.device for _, p in expert_params(experts[0].module))
+        self.device = device
+        names = [p.name for p in store.layout.params]
+        base = getattr(model.config, "_experts_implementation", "grouped_mm")
+        self.base = "eager" if base == "eager" else "grouped_mm"
+        whole = config.cache == "whole-layer"
+        capacity = 0 if whole else min(config.resident, self.num_experts)
+        if not whole and 0 < capacity < (self.top_k or 1):
+            raise InputError(f"resident experts ({capacity}) must be at least top-k ({self.top_k}) or 0 (no cache)")
+        scratch = self.num_experts if whole else (config.scratch or 2 * (self.top_k or 1))
+        dtype = store.layout.torch_dtype
+        self.caches = [LayerCache(self.num_experts, capacity, scratch, [p.shape for p in store.layout.params], dtype,
+                                  device, config.eviction) for _ in experts]
+        self._position = {id(e.module): i for i, e in enumerate(experts)}
+        self._views = [_SlotView(e.module, dict(zip(names, cache.slots)), capacity + scratch)
+                       for e, cache in zip(experts, self.caches)]
+        self._eager = [type(e.module).forward.__wrapped__ for e in experts] if self.base == "eager" else None
+        if config.tier == "host":
+            host = [[p.detach().cpu().clone() for _, p in expert_params(e.module)] for e in experts]
+            self.fetcher = HostFetcher(host, device)
+        else:
+            self.fetcher = DiskFetcher(store, config.workers, config.verify_reads)
+        self.counters = OffloadCounters(per_layer_misses=[0] * len(experts))
+        self.full_bytes = len(experts) * self.num_experts * store.layout.payload_bytes
+        self.resident_bytes = len(experts) * (capacity + scratch) * store.layout.payload_bytes
+
+    # ---- what the rest of moe_spec reads -------------------------------------------------------
+    def residency(self) -> torch.Tensor:
+        """[L, E] bool: the experts of each MoE layer in fast memory now (exact, read at decision time)."""
+        return torch.from_numpy(np.stack([cache.resident for cache in self.caches]))
+
+    def summary(self) -> dict:
+        return {"offload": self.config.describe(), "store": str(self.store.path), "direct_reads": self.store.direct,
+                "resident_mb": round(self.resident_bytes / 2**20, 3), "experts_mb": round(self.full_bytes / 2**20, 3),
+                "base_implementation": self.base}
+
+    def clear(self) -> None:
+        """Forget every resident expert (a cold start)."""
+        for cache in self.caches:
+            cache.clear()
+
+    def close(self) -> None:
+        self.fetcher.close()
+        self.store.close()
+
+    # ---- the experts call ------------------------------------------------------------------------
+    def run_layer(self, module: nn.Module, hidden_states: torch.Tensor, top_k_index: torch.Tensor,
+                  top_k_weights: torch.Tensor) -> torch.Tensor:
+        """hidden_states [T, D], top_k_index [T, K], top_k_weights [T, K] -> [T, D]."""
+        position = self._position[id(module)]
+        cache = self.caches[position]
+        flat = top_k_index.reshape(-1)  # [S = T*K] expert of each (token, k) pair
+        experts_of_pairs = flat.cpu().numpy()
+        needed = np.unique(experts_of_pairs).tolist()
+        rows = _PairRows(self, position, hidden_states, top_k_index, top_k_weights)
+        slot_of = np.full(self.num_experts, -1, dtype=np.int64)  # [E] slot each needed expert is read from
+        if self.config.cache == "whole-layer":
+            wait_ms = self.fetcher.fetch_layer(position, cache.slots).wait()
+            slot_of[:] = cache.scratch_slot(0) + np.arange(self.num_experts)
+            rows.compute(needed, slot_of)
+            self._count(position, 0, self.num_experts, wait_ms)
+            return rows.combine(needed)
+        plan = cache.plan(needed)
+        pending = self.fetcher.fetch(position, plan.admitted, cache.slots)
+        try:
+            for expert, slot in plan.hits:
+                slot_of[expert] = slot
+            rows.compute([e for e, _ in plan.hits], slot_of)  # overlaps the reads
+        finally:
+            try:
+                wait_ms = pending.wait()
+            except BaseException:
+                cache.abort(plan.admitted)
+                raise
+        cache.commit(plan.admitted)
+        for expert, slot in plan.admitted:
+            slot_of[expert] = slot
+        rows.compute([e for e, _ in plan.admitted], slot_of)
+        for start in range(0, len(plan.overflow), cache.scratch):  # a pass needing more than C experts
+            chunk = plan.overflow[start: start + cache.scratch]
+            jobs = [(expert, cache.scratch_slot(i)) for i, expert in enumerate(chunk)]
+            wait_ms += self.fetcher.fetch(position, jobs, cache.slots).wait()
+            for expert, slot in jobs:
+                slot_of[expert] = slot
+            rows.compute(chunk, slot_of)
+        self._count(position, len(plan.hits), plan.misses, wait_ms)
+        return rows.combine(needed)
+
+    def _count(self, position: int, hits: int, misses: int, wait_ms: float) -> None:
+        c = self.counters
+        c.calls += 1
+        c.hits += hits
+        c.misses += misses
+        c.bytes_read += misses * self.fetcher.bytes_per_expert()
+        c.wait_ms += wait_ms
+        c.per_layer_misses[position] += misses
+
+
+class _PairRows:
+    """The (token, k) rows of one experts call, computed chunk by chunk and combined once."""
+
+    def __init__(self, offload: ExpertOffload, position: int, hidden: torch.Tensor, index: torch.Tensor,
+                 weights: torch.Tensor):
+        self.offload, self.position = offload, position
+        self.hidden, self.top_k = hidden, index.shape[-1]  # [T, D]
+        self.experts = index.reshape(-1).cpu().numpy()  # [S]
+        self.weights = weights.reshape(-1)  # [S]
+        weight_dtype = offload.store.layout.torch_dtype
+        # grouped_mm forms each row as (weight dtype rows) * (routing weight) before summing over k
+        self.row_dtype = torch.promote_types(weight_dtype, weights.dtype) if offload.base == "grouped_mm" else hidden.dtype
+        self.rows = torch.empty(len(self.experts), hidden.shape[-1], dtype=self.row_dtype, device=hidden.device)  # [S, D]
+
+    def compute(self, experts: list[int], slot_of: np.ndarray) -> None:
+        """Rows of every pair routed to `experts` (whose weights sit in slots `slot_of[e]`)."""
+        if not experts:
+            return
+        pairs = np.flatnonzero(np.isin(self.experts, experts))  # [S_c]
+        pair_index = torch.from_numpy(pairs).to(self.hidden.device)
+        slots = torch.from_numpy(slot_of[self.experts[pairs]]).to(self.hidden.device)[:, None]  # [S_c, 1]
+        inputs = self.hidden[pair_index // self.top_k]  # [S_c, D]: each pair as its own one-expert token
+        view = self.offload._views[self.position]
+        if self.offload.base == "grouped_mm":
+            from transformers.integrations.moe import grouped_mm_experts_forward
+
+            # float64 in, float64 out: the kernel casts the input to the weights' dtype (exactly), and
+            # its final cast to the input's dtype then keeps each row's value exactly
+            out = grouped_mm_experts_forward(view, inputs.double(), slots, self.weights[pair_index][:, None])
+        else:
+            out = self.offload._eager[self.position](view, inputs, slots, self.weights[pair_index][:, None])
+        self.rows[pair_index] = out.to(self.row_dtype)
+
+    def combine(self, needed: list[int]) -> torch.Tensor:
+        """[T, D]: each token's K rows summed as the replaced implementation sums them."""
+        num_tokens, dim = self.hidden.shape
+        if self.offload.base == "grouped_mm":  # reshape + sum over k, in the rows' dtype
+            return self.rows.view(num_tokens, self.top_k, dim).sum(dim=1).to(self.hidden.dtype)
+        final = torch.zeros_like(self.hidden)  # eager: index_add_ expert by expert, ascending id
+        tokens = torch.arange(len(self.experts), device=self.hidden.device) // self.top_k
+        for expert in needed:
+            pairs = torch.from_numpy(np.flatnonzero(self.experts == expert)).to(self.hidden.device)
+            final.index_add_(0, tokens[pairs], self.rows[pairs])
+        return final
+
+
+def offload_experts(model: nn.Module, config: OffloadConfig) -> ExpertOffload:
+    """Move `model`'s routed experts to `config.tier` behind resident caches (see the module docstring).
+
+    The store in `config.folder` is written from the model's weights when absent, and checked
+    against them when present. The model is switched to the offloaded implementation in place.
+    """
+    from accelerate.utils import set_module_tensor_to_device
+    from transformers.integrations.moe import ExpertsInterface
+
+    experts = find_experts(model)
+    if not experts:
+        raise InputError(f"{type(model).__name__} has no routed experts to offload (a dense model); drop --offload")
+    if any(p.is_meta for e in experts for _, p in expert_params(e.module)):
+        raise InputError("this model's experts are already offloaded")
+    folder = Path(config.folder)
+    if config.tier == "host" and next(model.parameters()).device.type != "cuda":
+        raise InputError("offload tier 'host' needs the model on a CUDA device (on the CPU the experts already "
+                         "live in host memory); use --offload disk")
+    store = ExpertStore.open(folder, model) if (folder / FILE_NAME).is_file() else write_store(model, folder)
+    offload = ExpertOffload(model, store, config)
+    for e in experts:
+        for name, _ in expert_params(e.module):
+            set_module_tensor_to_device(e.module, name, "meta")
+
+    def forward(module, hidden_states, top_k_index, top_k_weights):
+        return offload.run_layer(module, hidden_states, top_k_index, top_k_weights)
+
+    name = f"moe_spec_offload_{next(_NAMES)}"
+    ExpertsInterface.register(name, forward)
+    model.set_experts_implementation(name)
+    offload.implementation = name
+    return offload
