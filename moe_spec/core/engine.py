@@ -69,8 +69,15 @@ class SpecDecoder:
         drafter: Drafter | BatchDrafter | None = None,
         controller: Controller | None = None,
         observer: DecodeObserver | None = None,
+        offload=None,
     ):
-        self.target = target if isinstance(target, TargetModel) else TargetModel(target)
+        # offload: the `moe_spec.offload.ExpertOffload` installed on `target` (for its step counters)
+        if isinstance(target, TargetModel):
+            if offload is not None and target.offload is not offload:
+                raise MoeSpecError("pass `offload` to the TargetModel, or a plain model with `offload` here, not both")
+            self.target = target
+        else:
+            self.target = TargetModel(target, offload=offload)
         self.drafter = drafter
         self.controller = controller
         self.observer = observer
@@ -212,7 +219,7 @@ class SpecDecoder:
             rows=tuple(r.index for r in rows), prefix_lens=tuple(int(n) for n in lengths), candidates=tuple(candidates),
             verified=forest, acceptances=acceptances, argmax=logits.argmax(-1), routing=out.routing,
             verify_ms=(t3 - t2) * 1000, draft_ms=(t1 - t0) * 1000, plan_ms=(t2 - t1) * 1000,
-            sampling=sampling, logits=None if sampling.greedy else logits,
+            sampling=sampling, logits=None if sampling.greedy else logits, fetch=out.fetch,
         )
         if self.observer is not None:
             self.observer.on_step(record)
@@ -228,6 +235,7 @@ class SpecDecoder:
             verified_tokens=forest.pass_tokens,
             plan_ms=record.plan_ms,
             overhead_ms=(time.perf_counter() - t3) * 1000,
+            **_fetch_fields(out.fetch),
         )
         return [a.new_tokens(t) for a, t in zip(acceptances, forest)], step
 
@@ -253,6 +261,14 @@ class SpecDecoder:
                 f"drafter proposed token ids outside the target vocabulary [0, {self.target.vocab_size}): "
                 f"{tree.tokens[bad].unique().tolist()[:8]}"
             )
+
+
+def _fetch_fields(fetch) -> dict:
+    """StepStats' offload fields from a pass's `FetchCounts` (none when nothing is offloaded)."""
+    if fetch is None:
+        return {}
+    return {"expert_hits": fetch.hits, "expert_misses": fetch.misses, "bytes_read": fetch.bytes_read,
+            "fetch_wait_ms": fetch.wait_ms}
 
 
 def _check_plan(plan: StepPlan, candidates: list[DraftTree]) -> None:

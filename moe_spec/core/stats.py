@@ -20,6 +20,10 @@ class StepStats:
     verified_tokens: int = 0  # tokens in the verify pass, padding included
     plan_ms: float = 0.0  # the controller's plan (which nodes to verify, the next candidate budget)
     overhead_ms: float = 0.0  # engine time after the verify pass: acceptance, cache compaction, drafter commit, observe
+    expert_hits: int = 0  # offloaded experts only: (layer, expert) the pass found resident
+    expert_misses: int = 0  # ... and had to read from the slow tier
+    bytes_read: int = 0
+    fetch_wait_ms: float = 0.0  # verify time spent waiting on reads
 
 
 @dataclass
@@ -77,6 +81,24 @@ class GenerationStats:
         loads = sum(sum(s.unique_experts_per_layer) for s in self.steps)
         return loads / produced if produced else 0.0
 
+    @property
+    def misses_per_token(self) -> float:
+        """Experts read from the slow tier per token produced (0 when nothing is offloaded)."""
+        produced = sum(s.accepted_length for s in self.steps)
+        return sum(s.expert_misses for s in self.steps) / produced if produced else 0.0
+
+    @property
+    def bytes_read_per_token(self) -> float:
+        produced = sum(s.accepted_length for s in self.steps)
+        return sum(s.bytes_read for s in self.steps) / produced if produced else 0.0
+
+    @property
+    def hit_rate(self) -> float:
+        """Share of the (layer, expert) a pass needed that were resident (nan when nothing is offloaded)."""
+        hits = sum(s.expert_hits for s in self.steps)
+        total = hits + sum(s.expert_misses for s in self.steps)
+        return hits / total if total else float("nan")
+
     def summary(self) -> dict:
         return {
             "new_tokens": self.new_tokens,
@@ -91,6 +113,9 @@ class GenerationStats:
             "total_ms": round(self.total_ms, 3),
             "unique_experts_per_layer": round(self.unique_experts_per_layer, 3),
             "expert_loads_per_token": round(self.expert_loads_per_token, 3),
+            "misses_per_token": round(self.misses_per_token, 3),
+            "bytes_read_per_token": round(self.bytes_read_per_token, 1),
+            "hit_rate": round(self.hit_rate, 4) if self.hit_rate == self.hit_rate else None,
         }
 
     def to_dict(self) -> dict:

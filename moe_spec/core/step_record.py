@@ -24,6 +24,7 @@ import torch
 from moe_spec.core.acceptance import Acceptance, conditional_acceptance
 from moe_spec.core.forest import StepForest
 from moe_spec.core.routing import Routing
+from moe_spec.core.target import FetchCounts
 from moe_spec.core.sampling import GREEDY, SamplingConfig
 from moe_spec.core.tree import DraftTree
 
@@ -61,6 +62,7 @@ class StepRecord:
     sampling: SamplingConfig = GREEDY  # the request's
     logits: torch.Tensor | None = None  # [B, W, V] the pass's logits, kept when sampling (acceptance probabilities)
     acceptance_probs: torch.Tensor | None = None  # [B, W] float64, when computed already (one-row records)
+    fetch: FetchCounts | None = None  # offloaded experts: what the pass read, all rows together (None: not offloaded)
 
     @property
     def batch(self) -> int:

@@ -28,10 +28,22 @@ _MASKABLE_ATTENTION = ("eager", "sdpa")
 
 
 @dataclass(frozen=True)
+class FetchCounts:
+    """What one forward read from an offloaded experts tier (see `moe_spec.offload`)."""
+
+    hits: int  # (layer, expert) the pass needed and found resident
+    misses: int  # (layer, expert) the pass had to read
+    bytes_read: int
+    wait_ms: float  # time the pass waited on reads
+    per_layer_misses: tuple[int, ...] = ()  # M_l: experts each MoE layer read
+
+
+@dataclass(frozen=True)
 class TargetOutput:
     logits: torch.Tensor  # [B, N, V]; [B, 1, V] when only the last position's were asked for
     features: torch.Tensor | None  # [B, N, S, D]: hidden states of the S feature layers; None when not asked for
     routing: Routing  # experts [L, B*N, K], tokens in row-major (b, n) order
+    fetch: FetchCounts | None = None  # None: the experts are not offloaded
 
 
 def default_feature_layers(num_layers: int) -> tuple[int, ...]:
@@ -49,7 +61,10 @@ def synchronize(device: torch.device) -> None:
 class TargetModel:
     """A transformers causal LM seen through the one operation speculative decoding needs."""
 
-    def __init__(self, model: PreTrainedModel, feature_layers: tuple[int, ...] | None = None):
+    def __init__(self, model: PreTrainedModel, feature_layers: tuple[int, ...] | None = None, offload=None):
+        # offload: the `moe_spec.offload.ExpertOffload` installed on `model`, if any (its counters and
+        # residency are read here and by controllers; nothing is stored on the model itself)
+        self.offload = offload
         self.spec: ArchitectureSpec = architecture_of(model)
         attention = getattr(model.config, "_attn_implementation", None) or "eager"
         if attention not in _MASKABLE_ATTENTION:
@@ -135,6 +150,7 @@ class TargetModel:
                 "sliding_attention": self._additive(visible & in_window),
             }
         device = self.device
+        before = self.offload.counters.copy() if self.offload is not None else None
         with RoutingRecorder(self.model, self.spec, self.routers) as recorder:
             out = self.model(
                 input_ids=input_ids.to(device),
@@ -146,7 +162,11 @@ class TargetModel:
                 logits_to_keep=1 if last_logits_only else 0,
             )
         hidden = torch.stack([out.hidden_states[i] for i in self.feature_layers], dim=2) if features else None  # [B, N, S, D]
-        return TargetOutput(logits=out.logits, features=hidden, routing=recorder.routing())
+        fetch = None
+        if before is not None:
+            done = self.offload.counters.since(before)
+            fetch = FetchCounts(done.hits, done.misses, done.bytes_read, done.wait_ms, tuple(done.per_layer_misses))
+        return TargetOutput(logits=out.logits, features=hidden, routing=recorder.routing(), fetch=fetch)
 
     def _additive(self, visible: torch.Tensor) -> torch.Tensor:
         """[B, N, K] bool -> [B, 1, N, K] float mask: 0 where visible, dtype-min elsewhere."""

@@ -32,6 +32,7 @@ are the peers the resident cache is measured against.
 from __future__ import annotations
 
 import itertools
+import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -43,6 +44,7 @@ from moe_spec.errors import InputError
 from moe_spec.offload.expert_fetch import DiskFetcher, HostFetcher
 from moe_spec.offload.expert_store import FILE_NAME, ExpertStore, expert_params, find_experts, write_store
 from moe_spec.offload.resident_cache import Eviction, LayerCache
+from moe_spec.profile.fetch_cost import FetchCost
 
 TIERS = ("disk", "host")
 CACHES = ("resident", "whole-layer")
@@ -145,6 +147,8 @@ class ExpertOffload:
         else:
             self.fetcher = DiskFetcher(store, config.workers, config.verify_reads)
         self.counters = OffloadCounters(per_layer_misses=[0] * len(experts))
+        self.model_fingerprint: dict | None = None  # the model's `fingerprint` before its experts left (profiles match it)
+        self.implementation: str | None = None  # the name registered in transformers' ExpertsInterface
         self.full_bytes = len(experts) * self.num_experts * store.layout.payload_bytes
         self.resident_bytes = len(experts) * (capacity + scratch) * store.layout.payload_bytes
 
@@ -157,6 +161,30 @@ class ExpertOffload:
         return {"offload": self.config.describe(), "store": str(self.store.path), "direct_reads": self.store.direct,
                 "resident_mb": round(self.resident_bytes / 2**20, 3), "experts_mb": round(self.full_bytes / 2**20, 3),
                 "base_implementation": self.base}
+
+    def measure_fetch_cost(self, counts: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64), repeats: int = 5,
+                           seed: int = 0) -> FetchCost:
+        """m_l(M): the median ms of fetching M random experts of each layer in one go, as a pass does
+        (parallel reads into slots), for M in `counts` (up to the layer's experts). Reads go into
+        temporary slots, so the cache's residency is untouched."""
+        counts = tuple(c for c in counts if c <= self.num_experts) or (self.num_experts,)
+        shapes = [p.shape for p in self.store.layout.params]
+        scratch = [torch.empty((counts[-1], *shape), dtype=self.store.layout.torch_dtype, device=self.device)
+                   for shape in shapes]  # [M, *shape] per expert parameter
+        generator = np.random.default_rng(seed)
+        rows = []
+        for position in range(len(self.layers)):
+            row = []
+            for count in counts:
+                times = []
+                for _ in range(repeats):
+                    experts = generator.choice(self.num_experts, size=count, replace=False)
+                    start = time.perf_counter()
+                    self.fetcher.fetch(position, [(int(e), i) for i, e in enumerate(experts)], scratch).wait()
+                    times.append((time.perf_counter() - start) * 1000)
+                row.append(float(np.median(times)))
+            rows.append(tuple(row))
+        return FetchCost(counts, tuple(rows), self.config.tier, self.fetcher.bytes_per_expert())
 
     def clear(self) -> None:
         """Forget every resident expert (a cold start)."""
@@ -286,6 +314,9 @@ def offload_experts(model: nn.Module, config: OffloadConfig) -> ExpertOffload:
                          "live in host memory); use --offload disk")
     store = ExpertStore.open(folder, model) if (folder / FILE_NAME).is_file() else write_store(model, folder)
     offload = ExpertOffload(model, store, config)
+    from moe_spec.profile.artifact import fingerprint
+
+    offload.model_fingerprint = fingerprint(model)  # the weights' hash needs the experts' values, read here once
     for e in experts:
         for name, _ in expert_params(e.module):
             set_module_tensor_to_device(e.module, name, "meta")

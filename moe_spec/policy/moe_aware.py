@@ -29,15 +29,22 @@ class MoeAwareController(ProfiledController):
     throughput of speculative steps (tokens per ms of draft + plan + verify, a moving average) falls
     below that of plain steps: the measurement covers what the model cannot see, such as the
     drafter's and the controller's own time.
+
+    With the experts offloaded, `residency` (a callable returning the cache's [L, E] resident
+    experts, read at decision time) lets selection price each node's non-resident experts as
+    fetches under the profile's fetch cost; `price_residency=False` is the ablation that prices
+    compute only (its online cost offset still learns the average fetch time).
     """
 
     name = "moe-aware"
 
     def __init__(self, profile, price_experts: bool = True, adapt: bool = True, persist: bool = False,
                  recent_steps: int = 4, probe_every: int = 4, candidate_growth: float = 1.25, candidate_min: int = 4,
-                 scheme: CandidateScheme = CandidateScheme.AUTO):
+                 scheme: CandidateScheme = CandidateScheme.AUTO, residency=None, price_residency: bool = True):
         super().__init__(profile, adapt=adapt, persist=persist, scheme=scheme)
         self.price_experts = price_experts
+        self.residency = residency  # () -> [L, E] bool, or None: experts not offloaded
+        self.price_residency = price_residency
         self.candidate_growth = candidate_growth
         self.candidate_min = candidate_min
         self.sampled_min = 2  # nodes of a sampled candidate tree, when drafting at all
@@ -69,7 +76,9 @@ class MoeAwareController(ProfiledController):
         prices = [StepPrices(values, p) for values, p in zip(self.values_of(candidates), row_probs)]  # p: [L, N_b, E]
         self.draft_costs.update(candidates.max_depth, draft_ms)
         fixed_ms, depth_ms = self.draft_costs.estimate()
-        keeps = best_first_forest(candidates, prices, self.cost_model(), depth_ms, draft_fixed_ms=fixed_ms)
+        residency = self.residency() if self.residency is not None and self.price_residency and probs is not None else None
+        keeps = best_first_forest(candidates, prices, self.cost_model(), depth_ms, draft_fixed_ms=fixed_ms,
+                                  residency=residency)
         chosen = candidates.subforest(keeps)
         edge = chosen.max_depth >= candidates.max_depth or chosen.num_drafted >= candidates.num_drafted
         self._recent.append((max(t.num_drafted for t in chosen), chosen.max_depth, edge))
@@ -82,9 +91,13 @@ class MoeAwareController(ProfiledController):
     def observe(self, record: StepRecord) -> None:
         self.rates.update(record.speculated, record.tokens_produced, record.draft_ms + record.plan_ms + record.verify_ms)
         if self.adapt:  # plain passes measure the fixed cost too
-            self.cost_correction.update(self.predicted_verify_ms(record.verified), record.verify_ms)
+            misses = record.fetch.per_layer_misses if record.fetch is not None and self._prices_fetches() else None
+            self.cost_correction.update(self.predicted_verify_ms(record.verified, misses=misses), record.verify_ms)
         if self.adapt and record.speculated:
             self._learn_acceptance(record)
+
+    def _prices_fetches(self) -> bool:
+        return self.price_experts and self.price_residency and self.residency is not None
 
     def _next_budget(self) -> TreeBudget:
         """The candidate tree to draft next, from the recent choices and measured rates."""

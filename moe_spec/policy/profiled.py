@@ -96,15 +96,16 @@ class ProfiledController:
             level = forest.depths == depth
             self.acceptance_correction.update(depth, float(values[level].sum()), float(on_path[level].sum()))
 
-    def predicted_verify_ms(self, forest: StepForest, cost: CostModel | None = None) -> float:
+    def predicted_verify_ms(self, forest: StepForest, cost: CostModel | None = None, misses=None) -> float:
         """The uncorrected cost model's time for verifying these rows' trees in one padded pass
-        (padding costs tokens, not experts: `batch_layout.step_inputs`)."""
+        (padding costs tokens, not experts: `batch_layout.step_inputs`); `misses` [L]: the experts the
+        pass fetched per layer (offloaded experts), priced when the cost model has a fetch cost."""
         forest = StepForest.of(forest)
         cost = cost or self.profile.cost_model
         if not cost.num_layers:
             return cost.predict_ms(forest.pass_tokens, [], rows=forest.rows)
         probs = self._expert_probs(forest)  # [L, N, E]
-        return cost.predict_ms(forest.pass_tokens, expected_unique_experts(probs), rows=forest.rows)
+        return cost.predict_ms(forest.pass_tokens, expected_unique_experts(probs), rows=forest.rows, misses=misses)
 
     def _expert_probs(self, forest: StepForest) -> torch.Tensor | None:
         """[L, N, E] predicted routing of every row's nodes, in the form the profile found to predict

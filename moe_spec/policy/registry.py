@@ -20,7 +20,7 @@ off (`adapt=False`, a replay under another cost model). To add a method, registe
 from __future__ import annotations
 
 from collections.abc import Callable, Collection
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from moe_spec.core.control import Controller
@@ -53,12 +53,13 @@ class Policy:
     """One registered method."""
 
     drafts: bool  # needs a drafter (False: plain autoregressive decoding)
-    # (arg, profile, adapt, candidate scheme) -> controller
-    build: Callable[[str | None, ProfileSource, bool, CandidateScheme], Controller | None]
+    # (arg, profile, adapt, candidate scheme, residency) -> controller; residency: () -> [L, E] bool
+    # resident experts when the target's experts are offloaded, else None
+    build: Callable[..., Controller | None]
     check_argument: Callable[[str, str | None], None] = _no_argument  # (base name, arg); raises InputError
 
 
-def _truncate(arg: str | None, profile: ProfileSource, adapt: bool, scheme: CandidateScheme) -> Controller:
+def _truncate(arg: str | None, profile: ProfileSource, adapt: bool, scheme: CandidateScheme, residency=None) -> Controller:
     profiled = profile()
     try:
         token_cost = token_count_cost(profiled)
@@ -71,18 +72,24 @@ def _static(budget: TreeBudget, profile: ProfileSource, scheme: CandidateScheme)
     return StaticController(budget, scheme, profile)
 
 
+def _moe_aware(price_experts: bool = True, price_residency: bool = True):
+    def build(arg, profile: ProfileSource, adapt: bool, scheme: CandidateScheme, residency=None) -> Controller:
+        return MoeAwareController(profile(), price_experts=price_experts, adapt=adapt, scheme=scheme,
+                                  residency=residency, price_residency=price_residency)
+    return build
+
+
 METHODS: dict[str, Policy] = {
-    "ar": Policy(False, lambda arg, profile, adapt, scheme: None),
-    "eagle2": Policy(True, lambda arg, profile, adapt, scheme: _static(EAGLE2_BUDGET, profile, scheme)),
-    "static": Policy(True, lambda arg, profile, adapt, scheme: _static(EAGLE2_BUDGET.with_nodes(int(arg)), profile,
-                                                                       scheme), _node_count),
+    "ar": Policy(False, lambda arg, profile, adapt, scheme, residency=None: None),
+    "eagle2": Policy(True, lambda arg, profile, adapt, scheme, residency=None: _static(EAGLE2_BUDGET, profile, scheme)),
+    "static": Policy(True, lambda arg, profile, adapt, scheme, residency=None: _static(
+        EAGLE2_BUDGET.with_nodes(int(arg)), profile, scheme), _node_count),
     "truncate": Policy(True, _truncate),
-    "moe-aware": Policy(True, lambda arg, profile, adapt, scheme: MoeAwareController(profile(), adapt=adapt,
-                                                                                     scheme=scheme)),
-    # the ablation: calibrated values and token cost only, no expert pricing
-    "moe-aware-noexperts": Policy(
-        True, lambda arg, profile, adapt, scheme: MoeAwareController(profile(), price_experts=False, adapt=adapt,
-                                                                     scheme=scheme)),
+    "moe-aware": Policy(True, _moe_aware()),
+    # the ablations: calibrated values and token cost only, no expert pricing; with offloaded experts,
+    # experts priced by their compute alone, not by whether they are resident
+    "moe-aware-noexperts": Policy(True, _moe_aware(price_experts=False)),
+    "moe-aware-noresidency": Policy(True, _moe_aware(price_residency=False)),
 }
 
 AR = "ar"
@@ -171,12 +178,13 @@ def check_runnable(name: str) -> None:
                          f"simulate report, not a method one run can use; pick one static:N")
 
 
-def build_controller(name: str, profile: ProfileSource, adapt: bool = True) -> Controller | None:
-    """The controller of method `name`; `profile` is called only by methods that price nodes."""
+def build_controller(name: str, profile: ProfileSource, adapt: bool = True, residency=None) -> Controller | None:
+    """The controller of method `name`; `profile` is called only by methods that price nodes;
+    `residency` (() -> [L, E] bool) reads an offloaded target's resident experts."""
     check_runnable(name)
     base, arg = split_name(name)
     try:
-        return METHODS[base].build(arg, profile, adapt, split_scheme(name)[1])
+        return METHODS[base].build(arg, profile, adapt, split_scheme(name)[1], residency)
     except ValueError as error:  # a profile without what the controller reads (e.g. no calibration)
         raise InputError(f"method {name!r} cannot use this profile: {error}") from None
 
@@ -207,7 +215,13 @@ class MethodContext:
         if self._profile is None:
             if self._load_profile is None:
                 raise InputError(f"method {method!r} needs a profile of the target; pass {self.profile_option}")
-            self._profile = self._load_profile()
+            profile = self._load_profile()
+            offload = self.target.offload
+            if offload is not None and profile.cost_model.num_layers and profile.cost_model.fetch is None:
+                # offloaded experts priced by this machine's measured fetch cost (about a second to measure)
+                profile = replace(profile, cost_model=replace(profile.cost_model, fetch=offload.measure_fetch_cost()))
+                self.profile_source = (self.profile_source or "profile") + " + fetch cost measured now"
+            self._profile = profile
         return self._profile
 
     def drafter(self, method: str) -> Drafter:
@@ -230,4 +244,6 @@ def build_method(name: str, context: MethodContext) -> Method:
     """Method `name` for a real run (online corrections on)."""
     check_runnable(name)
     drafter = context.drafter(name) if METHODS[split_name(name)[0]].drafts else None
-    return Method(name, drafter, build_controller(name, lambda: context.profile(name), adapt=True))
+    offload = context.target.offload
+    return Method(name, drafter, build_controller(name, lambda: context.profile(name), adapt=True,
+                                                  residency=offload.residency if offload is not None else None))

@@ -25,6 +25,13 @@ roots, each time adding the frontier node with the best marginal value per margi
 over the whole trees at once (no per-depth top-k), and returns the best set seen along the way;
 unlike stopping at the first node that does not pay, this also finds sets where a node only pays
 together with its children.
+
+Offloaded experts (`moe_spec.offload`): given the cache's residency r_{l,e} at decision time (exact)
+and the profile's fetch cost m_l (`profile/fetch_cost.py`), an expert that is not resident also costs
+its fetch. The pass's roots alone already miss M0_l = sum_e (1 - r_{l,e}) P(a root loads e) experts
+per layer, so each further missing expert is priced at the fetch cost's mean slope over the next K
+misses after M0_l (K: experts per token), and resident experts at their compute cost alone: a node
+whose experts are all resident is nearly free, one that touches cold experts pays for every read.
 """
 
 from __future__ import annotations
@@ -52,14 +59,17 @@ def throughput(value: float, draft_ms: float, verify_ms: float) -> float:
     return value / max(draft_ms + verify_ms, 1e-9)
 
 
-def subset_verify_ms(cost: CostModel, keep: list[int], expert_probs: torch.Tensor | None, rows: int = 1) -> float:
+def subset_verify_ms(cost: CostModel, keep: list[int], expert_probs: torch.Tensor | None, rows: int = 1,
+                     residency: torch.Tensor | None = None) -> float:
     """t(S) for node indices `keep` (every row's root included) of a pass over `rows` rows; with
-    several rows, `keep` and expert_probs' N index the rows' nodes side by side."""
+    several rows, `keep` and expert_probs' N index the rows' nodes side by side. `residency` [L, E]
+    bool: the experts resident now (offloaded experts), so that the others are priced as fetches."""
     if expert_probs is None or cost.num_layers == 0:
         return cost.fixed_ms(rows) + cost.per_token_ms * len(keep)
     probs = expert_probs[:, keep].double()  # [L, |S|, E]
-    unique = (1.0 - torch.prod(1.0 - probs, dim=1)).sum(-1)  # [L]
-    return cost.predict_ms(len(keep), unique, rows)
+    loaded = 1.0 - torch.prod(1.0 - probs, dim=1)  # [L, E] P(the pass loads expert e of layer l)
+    misses = (loaded * (~residency).double()).sum(-1).numpy() if residency is not None else None  # [L]
+    return cost.predict_ms(len(keep), loaded.sum(-1), rows, misses=misses)
 
 
 def subset_objective(cost: CostModel, tree: DraftTree, prices: StepPrices, keep: list[int], depth_ms: float = 0.0) -> float:
@@ -83,19 +93,31 @@ class _ExpertPrices:
     instead of re-pricing every node against every expert.
     """
 
-    def __init__(self, forest: StepForest, prices: list[StepPrices], cost: CostModel):
+    def __init__(self, forest: StepForest, prices: list[StepPrices], cost: CostModel, residency: torch.Tensor | None = None):
         self.row_probs = [p.expert_probs.double().numpy() for p in prices]  # each [L, N_b, E]
         num_layers, _, num_experts = self.row_probs[0].shape
         self.offsets = forest.offsets
         self.by_expert = np.concatenate([r.transpose(0, 2, 1) for r in self.row_probs], axis=2).reshape(-1, forest.num_nodes)  # [L*E, N]
         self.per_expert = np.repeat(np.asarray(cost.expert_weights(), dtype=np.float64), num_experts)  # [L*E] ms if new
         self.miss = np.prod([1.0 - r[:, 0] for r in self.row_probs], axis=0).reshape(-1)  # [L*E]: no chosen node loads it yet
-        self.node_ms = (self.miss * self.per_expert) @ self.by_expert  # [N]
         self.shape = (num_layers, num_experts)
+        self.cold = None  # [L*E] 1.0 where the expert is not resident (offloaded experts, residency priced)
+        if residency is not None and cost.fetch is not None:
+            self.cold = (~residency.reshape(-1).numpy()).astype(np.float64)
+            per_token = max(1, round(float(self.row_probs[0][:, 0].sum(-1).mean())))  # K experts a token loads
+            price = cost.fetch.miss_price(self.expected_misses(), added=per_token)  # [L] ms per further miss
+            self.per_expert = self.per_expert + self.cold * np.repeat(price, num_experts)
+        self.node_ms = (self.miss * self.per_expert) @ self.by_expert  # [N]
 
     def expected_unique(self) -> np.ndarray:
         """[L] expected distinct experts the chosen nodes (the roots at first) load."""
         return (1.0 - self.miss).reshape(self.shape).sum(-1)
+
+    def expected_misses(self) -> np.ndarray | None:
+        """[L] expected non-resident experts the chosen nodes load (None: residency not priced)."""
+        if self.cold is None:
+            return None
+        return ((1.0 - self.miss) * self.cold).reshape(self.shape).sum(-1)
 
     def choose(self, row: int, node: int) -> None:
         loads = self.row_probs[row][:, node - self.offsets[row]].reshape(-1)  # [L*E]: P(node loads expert e of layer l)
@@ -128,6 +150,7 @@ def best_first_forest(
     max_nodes: int | None = None,
     patience: int | None = None,
     draft_fixed_ms: float = 0.0,
+    residency: torch.Tensor | None = None,
 ) -> list[list[int]]:
     """Best-first growth over the B rows' trees (a `StepForest` or a list of trees) verified in one
     pass (B = 1: one sequence). Every row's root is mandatory, all rows share one verify time, and
@@ -140,7 +163,7 @@ def best_first_forest(
     B tokens. A node deeper than every chosen node also costs the draft time of that depth
     (`depth_ms`, drafting all rows one level deeper): the time a step spends on drafting is priced
     by the depth the chosen trees need (plus `draft_fixed_ms` once any node is chosen), never taken
-    as already spent, so a large candidate tree does not talk the controller into verifying more of
+    as already spent (`residency` [L, E] bool: the resident experts, priced as the module docstring says), so a large candidate tree does not talk the controller into verifying more of
     it. Growth adds the frontier node of best value per marginal millisecond under these prices
     (free-slot nodes only while they raise the throughput by themselves), and returns the best set
     seen along the way; growth stops `patience` nodes after the last improvement (default 11 + B,
@@ -154,9 +177,12 @@ def best_first_forest(
     values = np.concatenate([p.values.double().numpy() for p in prices])  # [N]
     depths, parents, row_of = forest.depths, forest.parents, forest.row_of
     priced = cost.num_layers > 0 and all(p.expert_probs is not None for p in prices)
-    experts = _ExpertPrices(forest, prices, cost) if priced else None
+    experts = _ExpertPrices(forest, prices, cost, residency) if priced else None
     expert_ms = experts.node_ms if priced else np.zeros(n)  # [N], updated in place by `choose`
-    roots_ms = cost.predict_ms(batch, experts.expected_unique(), rows=batch) if priced else cost.fixed_ms(batch) + cost.per_token_ms * batch
+    if priced:
+        roots_ms = cost.predict_ms(batch, experts.expected_unique(), rows=batch, misses=experts.expected_misses())
+    else:
+        roots_ms = cost.fixed_ms(batch) + cost.per_token_ms * batch
     grown = _Growth(float(batch), roots_ms, np.ones(batch, dtype=np.int64))
     limit = n - batch if max_nodes is None else min(max_nodes, n - batch)
     patience = 11 + batch if patience is None else patience

@@ -60,7 +60,12 @@ def fingerprint(model) -> dict:
     dtype they were loaded in (the dtype is recorded separately) and takes well under a second.
     """
     if isinstance(model, TargetModel):
+        if model.offload is not None and model.offload.model_fingerprint is not None:
+            return dict(model.offload.model_fingerprint)  # taken before the experts' weights left the model
         model = model.model
+    if any(p.is_meta for p in model.parameters()):
+        raise ProfileError("this model's weights are not all loaded (offloaded experts?); fingerprint the "
+                           "TargetModel that carries its offload instead")
     config = model.config.get_text_config(decoder=True)
     routers = find_routers(model)
     digest = hashlib.sha256()

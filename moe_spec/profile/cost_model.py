@@ -15,6 +15,10 @@ The row term counts rows after the first so that base_ms keeps meaning "one row'
 profile without batched passes (or written before the term existed) has per_row_ms = 0 and
 predicts single-row passes exactly as before.
 
+With the routed experts offloaded to a slower tier (`moe_spec.offload`), a pass also pays for the
+experts it must fetch: `fetch` (a measured `FetchCost`) adds sum_l m_l(M_l), M_l the experts of
+layer l that are not resident when the pass needs them; without it the model prices compute only.
+
 The coefficients are measured (`fit`, from the profiler's latency grid), or derived from model
 shapes and a device's bandwidth and FLOP rate by `moe_spec.experiments.analytic_cost.analytic_cost_model`
 (bytes moved per expert / bytes per ms), which returns the same dataclass.
@@ -30,6 +34,7 @@ import numpy as np
 import torch
 
 from moe_spec.core.tree import DraftTree
+from moe_spec.profile.fetch_cost import FetchCost
 
 
 @dataclass(frozen=True)
@@ -50,8 +55,11 @@ class CostModel:
     num_layers: int  # MoE layers the model has (0: dense)
     source: str = "measured"
     per_row_ms: float = 0.0  # ms per row after the first in a batched pass
+    fetch: FetchCost | None = None  # offloaded experts: ms of fetching M_l missing experts per layer
 
     def __post_init__(self):
+        if self.fetch is not None and self.fetch.num_layers != self.num_layers:
+            raise ValueError(f"the fetch cost has {self.fetch.num_layers} layers, the cost model {self.num_layers}")
         if len(self.per_expert_ms) not in (1, max(self.num_layers, 1)):
             raise ValueError(f"per_expert_ms needs 1 or {self.num_layers} values, got {len(self.per_expert_ms)}")
         values = (self.base_ms, self.per_token_ms, self.per_row_ms, *self.per_expert_ms)
@@ -72,13 +80,17 @@ class CostModel:
             raise ValueError(f"a verify pass has at least one row, got {rows}")
         return self.base_ms + self.per_row_ms * (rows - 1)
 
-    def predict_ms(self, num_tokens: float, unique_experts_per_layer: Sequence[float] | torch.Tensor, rows: int = 1) -> float:
+    def predict_ms(self, num_tokens: float, unique_experts_per_layer: Sequence[float] | torch.Tensor, rows: int = 1,
+                   misses: Sequence[float] | None = None) -> float:
         """Verify time in ms for one pass of `rows` rows, T tokens in all, activating U[l] distinct
-        experts in each MoE layer (the union over the rows)."""
+        experts in each MoE layer (the union over the rows), M[l] of which must be fetched (`misses`;
+        priced only when the model has a `fetch` cost)."""
         unique = np.asarray(torch.as_tensor(unique_experts_per_layer, dtype=torch.float64).cpu(), dtype=np.float64)
         if unique.shape != (self.num_layers,):
             raise ValueError(f"expected {self.num_layers} unique-expert counts, got shape {unique.shape}")
-        return float(self.fixed_ms(rows) + self.per_token_ms * num_tokens + (self.expert_weights() * unique).sum())
+        fetch = self.fetch.total_ms(misses) if self.fetch is not None and misses is not None else 0.0
+        return float(self.fixed_ms(rows) + self.per_token_ms * num_tokens + (self.expert_weights() * unique).sum()
+                     + fetch)
 
     def predict(self, tree: DraftTree, predicted_experts: torch.Tensor) -> float:
         """Verify time in ms for a tree; predicted_experts: [L, N, E], the probability (or 0/1) that
@@ -91,13 +103,15 @@ class CostModel:
 
     def to_dict(self) -> dict:
         return {
-            "formula": "ms = base_ms + per_row_ms * (B - 1) + per_token_ms * T + sum_l per_expert_ms[l] * U[l]",
+            "formula": "ms = base_ms + per_row_ms * (B - 1) + per_token_ms * T + sum_l per_expert_ms[l] * U[l]"
+                       + (" + sum_l m_l(M[l])" if self.fetch is not None else ""),
             "base_ms": self.base_ms,
             "per_row_ms": self.per_row_ms,
             "per_token_ms": self.per_token_ms,
             "per_expert_ms": list(self.per_expert_ms),
             "num_layers": self.num_layers,
             "source": self.source,
+            **({"fetch": self.fetch.to_dict()} if self.fetch is not None else {}),
         }
 
     @staticmethod
@@ -109,6 +123,7 @@ class CostModel:
             num_layers=int(data["num_layers"]),
             source=str(data.get("source", "measured")),
             per_row_ms=float(data.get("per_row_ms", 0.0)),  # absent from profiles made before batched passes
+            fetch=FetchCost.from_dict(data["fetch"]) if data.get("fetch") else None,
         )
 
     @staticmethod
