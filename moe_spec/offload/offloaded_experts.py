@@ -228,15 +228,41 @@ class ExpertOffload:
         for expert, slot in plan.admitted:
             slot_of[expert] = slot
         rows.compute([e for e, _ in plan.admitted], slot_of)
-        for start in range(0, len(plan.overflow), cache.scratch):  # a pass needing more than C experts
-            chunk = plan.overflow[start: start + cache.scratch]
-            jobs = [(expert, cache.scratch_slot(i)) for i, expert in enumerate(chunk)]
-            wait_ms += self.fetcher.fetch(position, jobs, cache.slots).wait()
-            for expert, slot in jobs:
-                slot_of[expert] = slot
-            rows.compute(chunk, slot_of)
+        wait_ms += self._stream_overflow(position, plan.overflow, rows, slot_of)
         self._count(position, len(plan.hits), plan.misses, wait_ms)
         return rows.combine(needed)
+
+    def _stream_overflow(self, position: int, overflow: list[int], rows: "_PairRows", slot_of: np.ndarray) -> float:
+        """Experts beyond the resident slots (a pass needing more than C): read through the scratch
+        slots, double-buffered (the next chunk is read into one half while the other half computes)."""
+        cache = self.caches[position]
+        if not overflow:
+            return 0.0
+        halves = 2 if cache.scratch >= 2 else 1
+        size = cache.scratch // halves
+        chunks = [overflow[start: start + size] for start in range(0, len(overflow), size)]
+
+        def start(index: int):
+            jobs = [(expert, cache.scratch_slot((index % halves) * size + i)) for i, expert in enumerate(chunks[index])]
+            return jobs, self.fetcher.fetch(position, jobs, cache.slots)
+
+        wait_ms, current = 0.0, start(0)
+        for index in range(len(chunks)):
+            jobs, pending = current
+            wait_ms += pending.wait()
+            following = start(index + 1) if index + 1 < len(chunks) and halves == 2 else None
+            try:
+                for expert, slot in jobs:
+                    slot_of[expert] = slot
+                rows.compute(chunks[index], slot_of)
+            except BaseException:
+                if following is not None:
+                    following[1].wait()  # no read may still write into a slot once the pass has failed
+                raise
+            if following is None and index + 1 < len(chunks):
+                following = start(index + 1)
+            current = following
+        return wait_ms
 
     def _count(self, position: int, hits: int, misses: int, wait_ms: float) -> None:
         c = self.counters
