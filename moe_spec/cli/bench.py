@@ -17,6 +17,7 @@ import torch
 import transformers
 
 from moe_spec.cli.defaults import field_defaults
+from moe_spec.cli.offload_options import add_offload_arguments, offload_config, offload_from_args, offload_summary
 from moe_spec.cli.option_types import (
     device, experts_implementation, non_negative_int, positive_int, sampling_label, sampling_setting, seed, temperature,
     top_k, top_p,
@@ -74,6 +75,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--trace", default=None, metavar="OUT",
                         help="also record eagle2's steps (trees, target argmax, routing, times) as JSON lines "
                              "for `moe-spec simulate`; the profile is copied beside it")
+    add_offload_arguments(parser)
 
 
 def run(args: argparse.Namespace) -> dict:
@@ -85,6 +87,7 @@ def run(args: argparse.Namespace) -> dict:
     base = RunSettings(max_new_tokens=args.max_new_tokens, seed=args.seed, warmup_tokens=args.warmup_tokens,
                        batch_size=args.batch_size, repeats=args.repeats)
     prompts = load_prompts(args.prompts, args.limit)
+    offload_config(args)  # a bad offload option is named before the model loads
     if args.threads is not None:
         torch.set_num_threads(args.threads)
 
@@ -92,7 +95,17 @@ def run(args: argparse.Namespace) -> dict:
                         device=args.device)
     tokenizer = load_tokenizer(args.model)
     input_ids = [p.input_ids(tokenizer) for p in prompts]
-    target = TargetModel(model)
+    offload = offload_from_args(args, model)
+    try:
+        return _bench(args, TargetModel(model, offload=offload), prompts, input_ids, requested, names, samplings, base)
+    finally:
+        if offload is not None:
+            offload.close()
+
+
+def _bench(args: argparse.Namespace, target: TargetModel, prompts, input_ids, requested, names: list[str],
+           samplings: list[SamplingConfig], base: RunSettings) -> dict:
+    """Every sampling setting in turn; print the table(s) and the JSON line, write the report."""
     context = MethodContext(target, lambda: load_drafter(args.drafter, target),
                             lambda: _profile(args, target, context, input_ids))
     methods = [REFERENCES.get(name) or build_method(name, context) for name in names]
@@ -104,7 +117,9 @@ def run(args: argparse.Namespace) -> dict:
         settings = replace(base, temperature=sampling.temperature, top_k=sampling.top_k, top_p=sampling.top_p)
         runs = run_methods(target, methods, input_ids, settings, progress=False if args.no_progress else None,
                            classes=classes)
-        config = _config(args, model, names, settings)
+        config = _config(args, target.model, names, settings)
+        if target.offload is not None:
+            config["offload"] = offload_summary(target.offload)
         if context.profile_source is not None:
             config["profile"] = context.profile_source
         report = build_report(runs, names, classes, meta, config, static_best=any(n.partition("@")[0] == STATIC_BEST for n in requested))
@@ -128,6 +143,8 @@ def run(args: argparse.Namespace) -> dict:
         report = {"sampling": list(reports), "reports": reports}
         line = {"command": "bench", "json": args.json_out,
                 "sampling": {label: summary_line(one) for label, one in reports.items()}}
+        if target.offload is not None:
+            line["offload"] = offload_summary(target.offload)
     if args.json_out is not None:
         out = Path(args.json_out)
         out.parent.mkdir(parents=True, exist_ok=True)
@@ -239,7 +256,10 @@ def _command_line(args: argparse.Namespace) -> str:
                         ("--warmup-tokens", args.warmup_tokens), ("--threads", args.threads), ("--dtype", args.dtype),
                         ("--experts-implementation", args.experts_implementation), ("--device", args.device),
                         ("--json", args.json_out),
-                        ("--trace", args.trace)):
+                        ("--trace", args.trace), ("--offload", args.offload),
+                        ("--resident-experts", args.resident_experts), ("--offload-dir", args.offload_dir),
+                        ("--offload-cache", args.offload_cache), ("--eviction", args.eviction),
+                        ("--offload-workers", args.offload_workers)):
         if value is not None:
             parts += [flag, str(value)]
     if args.sampling is not None:

@@ -13,12 +13,13 @@ import argparse
 import json
 
 from moe_spec.cli.defaults import field_defaults
+from moe_spec.cli.offload_options import add_offload_arguments, offload_config, offload_from_args, offload_summary
 from moe_spec.cli.option_types import positive_int, sampling_label, seed, temperature, top_k, top_p
 from moe_spec.core.sampling import SamplingConfig
 from moe_spec.policy.registry import MethodContext, build_method
 from moe_spec.experiments.prompt_sets import build_prompt_sets
 from moe_spec.experiments.prompt_file import Prompt, load_prompts
-from moe_spec.experiments.report import build_report, format_table
+from moe_spec.experiments.report import OFFLOAD_COLUMNS, build_report, format_table, offload_line
 from moe_spec.experiments.runner import RunSettings, run_methods
 from moe_spec.errors import InputError
 from moe_spec.loading import DEFAULT_DRAFTER, DEFAULT_TARGET, load_drafter, load_target, load_tokenizer
@@ -50,6 +51,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="JSON-lines prompt file; the first prompt of each class, three at most "
                              "(default: code, prose and copy prompts built from the held-out corpus)")
     parser.add_argument("--threads", type=positive_int, default=None, help="torch threads (default: torch's own choice)")
+    add_offload_arguments(parser)
 
 
 def run(args: argparse.Namespace) -> dict:
@@ -58,10 +60,20 @@ def run(args: argparse.Namespace) -> dict:
         import torch
 
         torch.set_num_threads(args.threads)
+    offload_config(args)  # a bad offload option is named before the model loads
     model = load_target(args.model)
+    offload = offload_from_args(args, model)
+    try:
+        return _demo(args, TargetModel(model, offload=offload))
+    finally:
+        if offload is not None:
+            offload.close()
+
+
+def _demo(args: argparse.Namespace, target: TargetModel) -> dict:
+    """Run the methods on the demo prompts; print a continuation, the table and the JSON line."""
     tokenizer = load_tokenizer(args.model)
     prompts = _prompts(args.prompts, tokenizer)
-    target = TargetModel(model)
     settings = RunSettings(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
                            top_p=args.top_p, seed=args.seed)
     sampling = SamplingConfig(args.temperature, args.top_k, args.top_p)
@@ -78,6 +90,8 @@ def run(args: argparse.Namespace) -> dict:
     runs = run_methods(target, methods, input_ids, settings)
     classes = [p.prompt_class for p in prompts]
     report = build_report(runs, names, classes, [{} for _ in prompts], config={"demo": True})
+    offload = offload_summary(target.offload) if target.offload is not None else None
+    columns = COLUMNS + OFFLOAD_COLUMNS if offload is not None else COLUMNS
 
     first = {r.method: r.new_ids_of(0) for r in runs if 0 in r.prompt_indices}
     identical = all(
@@ -88,10 +102,12 @@ def run(args: argparse.Namespace) -> dict:
     print(f"--- {names[1]} continuation ---")
     print(_decode(tokenizer, list(first[names[1]])))
     print("---")
+    if offload is not None:
+        print(offload_line(offload))
     print(format_table(report["methods"], f"{len(prompts)} prompts ({', '.join(classes)}), "
                                           f"{args.max_new_tokens} new tokens each, "
                                           f"{'greedy' if sampling.greedy else 'sampled: ' + sampling_label(sampling)}",
-                       COLUMNS))
+                       columns))
     if sampling.greedy:
         print(f"every method's output identical to ar on every prompt: {'yes' if identical else 'NO'}")
     else:  # each method samples the target's distribution, but draws its random numbers differently
@@ -101,8 +117,10 @@ def run(args: argparse.Namespace) -> dict:
         "prompts": classes,
         "sampling": sampling_label(sampling),
         "identical_to_ar": identical if sampling.greedy else None,  # sampled draws differ by method
-        "methods": {m: {key: f[key] for _, key, _ in COLUMNS} for m, f in report["methods"].items()},
+        "methods": {m: {key: f[key] for _, key, _ in columns} for m, f in report["methods"].items()},
     }
+    if offload is not None:
+        summary["offload"] = offload
     print(json.dumps(summary))
     return summary
 

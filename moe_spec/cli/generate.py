@@ -14,10 +14,12 @@ import json
 import torch
 
 from moe_spec.cli.defaults import field_defaults
+from moe_spec.cli.offload_options import add_offload_arguments, offload_config, offload_from_args, offload_summary
 from moe_spec.cli.option_types import experts_implementation, positive_int, seed, temperature, top_k, top_p
 from moe_spec.core.engine import SpecDecoder
 from moe_spec.core.target import TargetModel
 from moe_spec.errors import InputError
+from moe_spec.experiments.report import offload_line
 from moe_spec.experiments.runner import RunSettings
 from moe_spec.loading import DTYPES, load_drafter, load_target, load_tokenizer
 from moe_spec.measure.store import DEFAULT_PROFILE
@@ -46,6 +48,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dtype", default="float32", choices=sorted(DTYPES))
     parser.add_argument("--experts-implementation", type=experts_implementation, default="grouped_mm")
     parser.add_argument("--json", action="store_true", help="end with one JSON line")
+    add_offload_arguments(parser)
 
 
 def run(args: argparse.Namespace) -> dict:
@@ -54,21 +57,20 @@ def run(args: argparse.Namespace) -> dict:
     if args.prompt is not None and not args.prompt:
         raise InputError("--prompt is empty; give some text (or --prompt-ids)")
     prompt_ids = _prompt_ids(args.prompt_ids) if args.prompt_ids is not None else None
+    offload_config(args)  # a bad offload option is named before the model loads
     model = load_target(args.model, dtype=args.dtype, experts_implementation=args.experts_implementation)
     tokenizer = load_tokenizer(args.model)
-    target = TargetModel(model)
-    if args.prompt is not None:
-        if tokenizer is None:
-            raise InputError(f"the model folder {args.model} has no tokenizer; pass --prompt-ids")
-        input_ids = tokenizer(args.prompt, return_tensors="pt").input_ids
-        if input_ids.shape[1] == 0:
-            raise InputError(f"--prompt {args.prompt!r} tokenizes to nothing; give some text")
-    else:
-        outside = sorted({t for t in prompt_ids if t >= target.vocab_size})
-        if outside:
-            raise InputError(f"--prompt-ids has token ids outside the model's vocabulary [0, {target.vocab_size}): "
-                             f"{outside[:8]}")
-        input_ids = torch.tensor([prompt_ids])
+    offload = offload_from_args(args, model)
+    try:
+        return _decode(args, TargetModel(model, offload=offload), tokenizer, prompt_ids)
+    finally:
+        if offload is not None:
+            offload.close()
+
+
+def _decode(args: argparse.Namespace, target: TargetModel, tokenizer, prompt_ids: list[int] | None) -> dict:
+    """Decode the prompt, print the continuation and the summary line(s); the JSON summary."""
+    input_ids = _input_ids(args, target, tokenizer, prompt_ids)  # [1, T]
     method = _method(args, target)
     decoder = SpecDecoder(target, drafter=method.drafter, controller=method.controller)
     result = decoder.generate(
@@ -82,18 +84,45 @@ def run(args: argparse.Namespace) -> dict:
     new_ids = result.sequences[0, input_ids.shape[1]:]
     text = tokenizer.decode(new_ids) if tokenizer is not None else " ".join(map(str, new_ids.tolist()))
     stats = result.stats
+    offload = offload_summary(target.offload) if target.offload is not None else None
     print(text)
+    if offload is not None:
+        print(offload_line(offload))
     print(
         f"[{method.name}, drafter {args.drafter}: {stats.new_tokens} tokens in {len(stats.steps)} steps, "
         f"{stats.tokens_per_s:.1f} tok/s, mean accepted length {stats.mean_accept_len:.2f}, "
         f"mean verified tree {stats.mean_tree_size:.1f} nodes, unique experts per layer per verify "
-        f"{stats.unique_experts_per_layer:.1f}, verify {stats.verify_ms:.1f} ms, draft {stats.draft_ms:.1f} ms]"
+        f"{stats.unique_experts_per_layer:.1f}, verify {stats.verify_ms:.1f} ms, draft {stats.draft_ms:.1f} ms"
+        f"{_reads(stats) if offload is not None else ''}]"
     )
     summary = {"command": "generate", "method": method.name, "drafter": args.drafter, "new_ids": new_ids.tolist(),
-               **stats.summary()}
+               **stats.summary(), "offload": offload}
     if args.json:
         print(json.dumps(summary))
     return summary
+
+
+def _input_ids(args: argparse.Namespace, target: TargetModel, tokenizer, prompt_ids: list[int] | None) -> torch.Tensor:
+    """[1, T] the prompt: --prompt through the tokenizer, or --prompt-ids checked against the vocabulary."""
+    if args.prompt is not None:
+        if tokenizer is None:
+            raise InputError(f"the model folder {args.model} has no tokenizer; pass --prompt-ids")
+        input_ids = tokenizer(args.prompt, return_tensors="pt").input_ids
+        if input_ids.shape[1] == 0:
+            raise InputError(f"--prompt {args.prompt!r} tokenizes to nothing; give some text")
+        return input_ids
+    outside = sorted({t for t in prompt_ids if t >= target.vocab_size})
+    if outside:
+        raise InputError(f"--prompt-ids has token ids outside the model's vocabulary [0, {target.vocab_size}): "
+                         f"{outside[:8]}")
+    return torch.tensor([prompt_ids])
+
+
+def _reads(stats) -> str:
+    """The offloaded experts' reads of a generation (decode steps; the prefill's are not counted)."""
+    hit_rate = stats.hit_rate
+    return (f", experts read per token {stats.misses_per_token:.2f}, {stats.bytes_read_per_token / 2**20:.3f} MB "
+            f"read per token, hit rate {'-' if hit_rate != hit_rate else f'{hit_rate:.1%}'}")
 
 
 def _prompt_ids(text: str) -> list[int]:

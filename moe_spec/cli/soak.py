@@ -12,6 +12,7 @@ from pathlib import Path
 import torch
 
 from moe_spec.cli.defaults import field_defaults
+from moe_spec.cli.offload_options import add_offload_arguments, offload_config, offload_from_args, offload_summary
 from moe_spec.core.target import TargetModel
 from moe_spec.errors import InputError
 from moe_spec.experiments.prompt_file import load_prompts
@@ -48,6 +49,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dtype", default="float32")
     parser.add_argument("--json", dest="json_out", default=None, help="write the full result here")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    add_offload_arguments(parser)  # the cache is not cleared between generations: a soak of the cache too
 
 
 def run(args: argparse.Namespace) -> dict:
@@ -62,10 +64,20 @@ def run(args: argparse.Namespace) -> dict:
         torch.set_num_threads(args.threads)
     prompts = load_prompts(args.prompts)
 
+    offload_config(args)  # a bad offload option is named before the model loads
     model = load_target(args.model, dtype=args.dtype)
+    offload = offload_from_args(args, model)
+    try:
+        return _soak(args, TargetModel(model, offload=offload), settings, prompts, names)
+    finally:
+        if offload is not None:
+            offload.close()
+
+
+def _soak(args: argparse.Namespace, target: TargetModel, settings: SoakSettings, prompts, names: list[str]) -> dict:
+    """The soak itself on `target`; prints the summary and the JSON line, writes --json."""
     tokenizer = load_tokenizer(args.model)
     pool = [p.input_ids(tokenizer)[0] for p in prompts]
-    target = TargetModel(model)
     profile = args.profile
     if profile is None and args.model is None and args.drafter == "default" and DEFAULT_PROFILE.is_file():
         profile = DEFAULT_PROFILE
@@ -84,7 +96,8 @@ def run(args: argparse.Namespace) -> dict:
         result.long = long_generation(target, drafting, pool[0][: settings.prompt_tokens[0]], positions)
 
     print(format_soak(result))
-    body = {"command": _command_line(args), "threads": torch.get_num_threads(), **result.to_json()}
+    offload = offload_summary(target.offload) if target.offload is not None else None
+    body = {"command": _command_line(args), "threads": torch.get_num_threads(), **result.to_json(), "offload": offload}
     if args.json_out is not None:
         out = Path(args.json_out)
         out.parent.mkdir(parents=True, exist_ok=True)
@@ -97,7 +110,8 @@ def run(args: argparse.Namespace) -> dict:
             "tokens_per_s_drift": result.tokens_per_s_drift, "greedy_mismatches": result.greedy_mismatches,
             "long_positions": result.long["positions"] if result.long else None,
             "long_rss_growth_mib": result.long["rss_growth_during_bytes"] / 2 ** 20 if result.long else None,
-            "long_cache_mib": result.long["cache_bytes_at_context"] / 2 ** 20 if result.long else None}
+            "long_cache_mib": result.long["cache_bytes_at_context"] / 2 ** 20 if result.long else None,
+            "offload": offload}
     print(json.dumps(line))
     return body
 
@@ -124,7 +138,8 @@ def _command_line(args: argparse.Namespace) -> str:
     parts = ["moe-spec", "soak"]
     for flag in ("model", "drafter", "profile", "prompts", "methods", "generations", "window", "new_tokens",
                  "prompt_tokens", "batch_sizes", "temperatures", "seed", "long_positions", "threads", "dtype",
-                 "json_out"):
+                 "json_out", "offload", "resident_experts", "offload_dir", "offload_cache", "eviction",
+                 "offload_workers"):
         value = getattr(args, flag)
         if value is not None:
             parts += ["--" + ("json" if flag == "json_out" else flag.replace("_", "-")), str(value)]

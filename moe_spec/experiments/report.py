@@ -17,7 +17,13 @@ Figures are totals over the prompts, not means of per-prompt ratios:
   or the controller chose a plain step);
 - `unique_experts_per_layer`: mean over verify passes of the distinct experts per MoE layer;
 - `expert_loads_per_token`: distinct experts summed over layers, per verify pass, summed over
-  passes, divided by the tokens those passes produced.
+  passes, divided by the tokens those passes produced;
+- with the experts offloaded (`moe_spec.offload`; the report's `config["offload"]` says how), the
+  reads of the verify passes: `misses_per_token` ((layer, expert) read from the slow tier per token
+  produced), `mb_read_per_token` (MiB read per token produced), `hit_rate` (resident share of the
+  (layer, expert) the passes needed; null when nothing was offloaded) and `fetch_wait_ms` (per
+  step, the wait on reads that compute did not hide). Every generation starts from a cold cache
+  (see `runner.py`) and the prefill's reads are not counted. 0 / null when nothing is offloaded.
 
 The per-step figures (accepted length, verify / draft / plan times, experts, tree size, steps) are
 null for a method without step statistics: transformers' reference loops (`hf_reference.py`).
@@ -33,11 +39,13 @@ from moe_spec.core.stats import GenerationStats
 METRICS = (
     "tokens_per_s", "speedup_vs_ar", "speedup_vs_hf_greedy", "mismatches", "mean_accept_len", "verify_ms", "draft_ms", "draft_share", "plan_ms", "plan_share",
     "plain_share", "unique_experts_per_layer", "expert_loads_per_token", "mean_tree_size", "new_tokens", "steps", "prompts", "repeats",
+    "misses_per_token", "mb_read_per_token", "hit_rate", "fetch_wait_ms",
 )
 BASELINE = "ar"
 HF_BASELINE = "hf-greedy"  # transformers' own greedy / sampled `model.generate`
+OFFLOAD_FIGURES = ("misses_per_token", "mb_read_per_token", "hit_rate", "fetch_wait_ms")
 STEP_FIGURES = ("mean_accept_len", "verify_ms", "draft_ms", "draft_share", "plan_ms", "plan_share", "plain_share",
-                "unique_experts_per_layer", "expert_loads_per_token", "mean_tree_size", "steps")
+                "unique_experts_per_layer", "expert_loads_per_token", "mean_tree_size", "steps", *OFFLOAD_FIGURES)
 
 
 def aggregate(stats: Sequence[GenerationStats]) -> dict:
@@ -72,10 +80,23 @@ def aggregate(stats: Sequence[GenerationStats]) -> dict:
         "new_tokens": new_tokens,
         "steps": n,
         "prompts": len(stats),
+        **_reads(steps, produced),
     }
     if not steps and new_tokens > 0:  # decoded without step statistics (a reference loop)
         figures.update(dict.fromkeys(STEP_FIGURES))
     return figures
+
+
+def _reads(steps, produced: int) -> dict:
+    """The offloaded experts' reads over `steps` (verify passes) that produced `produced` tokens."""
+    hits = sum(s.expert_hits for s in steps)
+    misses = sum(s.expert_misses for s in steps)
+    return {
+        "misses_per_token": _round(misses / produced if produced else 0.0),
+        "mb_read_per_token": _round(sum(s.bytes_read for s in steps) / 2**20 / produced if produced else 0.0),
+        "hit_rate": _round(hits / (hits + misses)) if hits + misses else None,
+        "fetch_wait_ms": _round(sum(s.fetch_wait_ms for s in steps) / len(steps) if steps else 0.0),
+    }
 
 
 def compare(runs: Sequence[Run], methods: Sequence[str]) -> dict[str, dict]:
@@ -169,6 +190,11 @@ COLUMNS = (  # (header, key, format)
     ("loads/token", "expert_loads_per_token", "{:.1f}"),
     ("mismatch", "mismatches", "{:d}"),
 )
+OFFLOAD_COLUMNS = (  # shown when the report's experts were offloaded
+    ("miss/tok", "misses_per_token", "{:.2f}"),
+    ("MB/tok", "mb_read_per_token", "{:.3f}"),
+    ("hit %", "hit_rate", "{:.1%}"),
+)
 
 
 def format_table(figures: dict[str, dict], title: str, columns: tuple[tuple[str, str, str], ...] = COLUMNS) -> str:
@@ -183,14 +209,18 @@ def format_table(figures: dict[str, dict], title: str, columns: tuple[tuple[str,
 
 
 def format_report(report: dict) -> str:
-    """All methods, then each prompt class."""
+    """All methods, then each prompt class (with the offloaded experts' reads when they were)."""
     counts = {}
     for prompt in report["per_prompt"]:
         counts[prompt["class"]] = counts.get(prompt["class"], 0) + 1
-    parts = [format_table(report["methods"], f"all prompts ({len(report['per_prompt'])})")]
+    offload = report["config"].get("offload")
+    columns = COLUMNS + OFFLOAD_COLUMNS if offload else COLUMNS
+    parts = [format_table(report["methods"], f"all prompts ({len(report['per_prompt'])})", columns)]
+    if offload:
+        parts.insert(0, offload_line(offload) + "\n(every generation from a cold cache; the prefill's reads not counted)")
     if len(report["per_class"]) > 1:
         for name, figures in report["per_class"].items():
-            parts.append(format_table(figures, f"class {name} ({counts[name]} prompts)"))
+            parts.append(format_table(figures, f"class {name} ({counts[name]} prompts)", columns))
     differ = {m: f["mismatches"] for m, f in report["methods"].items() if f.get("mismatches")}
     if differ:
         reference = identity_reference(list(report["methods"]))
@@ -202,6 +232,9 @@ def format_report(report: dict) -> str:
 def summary_line(report: dict) -> dict:
     """What the final JSON line carries: the headline figures per method."""
     keys = ("tokens_per_s", "speedup_vs_ar", "speedup_vs_hf_greedy", "mismatches", "mean_accept_len")
+    offload = report["config"].get("offload")
+    if offload:
+        keys += ("misses_per_token", "mb_read_per_token", "hit_rate")
     line = {
         "methods": {m: {k: f[k] for k in keys} for m, f in report["methods"].items()},
         "per_class_speedup": {c: {m: f["speedup_vs_ar"] for m, f in t.items()} for c, t in report["per_class"].items()},
@@ -209,7 +242,16 @@ def summary_line(report: dict) -> dict:
     if HF_BASELINE in report["methods"]:
         line["per_class_speedup_vs_hf_greedy"] = {
             c: {m: f["speedup_vs_hf_greedy"] for m, f in t.items()} for c, t in report["per_class"].items()}
+    if offload:
+        line["offload"] = offload
     return line
+
+
+def offload_line(offload: dict) -> str:
+    """An offload summary (`ExpertOffload.summary()`, as a report's `config["offload"]` holds it) in words."""
+    reads = "O_DIRECT reads" if offload.get("direct_reads") else "reads through the page cache"
+    return (f"experts offloaded: {offload['offload']}; resident {offload['resident_mb']:.3f} MB of "
+            f"{offload['experts_mb']:.3f} MB; {reads}; store {offload['store']}")
 
 
 def _round(value: float) -> float:

@@ -6,6 +6,10 @@ warm-up generate per method comes first and is not counted. Sampling draws from 
 `torch.Generator` seeded per prompt (per batch: by its first prompt), not per method or position
 in the method list, so a method's output does not depend on what else runs.
 
+With the target's experts offloaded (`target.offload`), every generation, warm-up included, starts
+from an empty resident cache: see `run_methods`. Its reads are in the run's `GenerationStats`
+(`misses_per_token`, `bytes_read_per_token`, `hit_rate`: decode steps, the prefill's not counted).
+
 With `batch_size` B > 1, prompts of the same class are decoded B at a time (left-padded), so
 per-class figures stay meaningful; a run's stats then cover its whole batch.
 
@@ -121,6 +125,12 @@ def run_methods(
 
     def generate(method: Method | HFReference, group: list[int], max_new_tokens: int):
         ids, mask = left_pad([prompts[i] for i in group], pad)
+        offload = getattr(target, "offload", None)  # a stand-in target may not carry one
+        if offload is not None:
+            # a cold cache for every generation: otherwise a method would inherit the experts the one
+            # before it (in the rotated order) left resident, and its misses, bytes read and time would
+            # depend on its neighbour rather than on its own drafting
+            offload.clear()
         return ids, decoders[method.name].generate(
             ids,
             attention_mask=mask,

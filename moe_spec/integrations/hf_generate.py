@@ -16,7 +16,7 @@ transformers 5.23 runs a callable `custom_generate` after its own preparation (g
 special tokens, `max_length`, logits processors, stopping criteria) as
 `custom_generate(model, input_ids, logits_processor=..., stopping_criteria=..., generation_config=...,
 **custom_kwargs, **model_kwargs)`; parameters of the callable that `_sample` lacks (`drafter`,
-`controller`, `method`, `profile`, `generator`, `observer`, `moe_streamer`) are taken from
+`controller`, `method`, `profile`, `generator`, `observer`, `moe_streamer`, `offload`) are taken from
 `generate`'s keyword arguments and handed over. This function then decodes with `SpecDecoder`, so the output is the target's own: greedy
 output equals `model.generate(..., do_sample=False)`, sampled output is distributed as the target's
 (see `acceptance.py`).
@@ -36,6 +36,9 @@ How `generate`'s settings are mapped:
   methods that price nodes, `profile` (a `Profile` or the path of a profile JSON of this target);
 - `generator`: a `torch.Generator` for sampling; without one a generator is seeded from torch's
   global RNG, so `torch.manual_seed(s)` makes a sampled call reproducible as it does for `generate`;
+- `offload`: the `ExpertOffload` that `moe_spec.offload.offloaded_experts.offload_experts` installed
+  on this model, so the decode reads its counters and residency (as `TargetModel(model, offload=...)`);
+  an offloaded model decodes without it too, its reads then go uncounted;
 - `moe_streamer`: a streamer (`put` / `end`, as transformers' `TextStreamer`) that receives the
   prompt, then the new tokens step by step, then `end()`. Pass it instead of `streamer`:
   transformers 5.23 never hands `streamer` to a callable `custom_generate` (`streamer` is a
@@ -56,7 +59,8 @@ verification scores drafts with the raw distribution), stopping criteria other t
 length and EOS, `output_scores` / `output_logits` / attentions / hidden states, a non-empty cache;
 and, by name, a value of the wrong type or range (a `max_new_tokens` of 2.5 or True, which `generate`
 would add to `max_length` unchecked; a non-bool `do_sample`; non-integer EOS ids; a negative
-`pad_token_id`; a `drafter`, `controller`, `method`, `profile` or `observer` of the wrong kind; and
+`pad_token_id`; a `drafter`, `controller`, `method`, `profile`, `observer` or `offload` of the wrong kind
+(or an offload installed on another model); and
 everything `SpecDecoder.generate` checks). What `generate` itself refuses before it calls this
 function (e.g. `temperature=nan` with `do_sample=True`, `top_k=2.5`) stays transformers' own error.
 """
@@ -78,6 +82,7 @@ from moe_spec.core.step_record import DecodeObserver
 from moe_spec.errors import InputError
 from moe_spec.core.target import TargetModel
 from moe_spec.loading import load_drafter
+from moe_spec.offload.offloaded_experts import ExpertOffload
 from moe_spec.policy.registry import MethodContext, build_method
 from moe_spec.profile.artifact import Profile
 
@@ -101,6 +106,7 @@ def speculative_generate(
     generator: torch.Generator | None = None,
     observer: DecodeObserver | None = None,
     moe_streamer=None,
+    offload: ExpertOffload | None = None,
     **model_kwargs,
 ) -> torch.Tensor | GenerateDecoderOnlyOutput:
     """The decoding loop `model.generate(..., custom_generate=speculative_generate)` runs; see module docstring.
@@ -113,6 +119,7 @@ def speculative_generate(
     config = generation_config if generation_config is not None else model.generation_config
     _check_supported(input_ids, config, logits_processor, stopping_criteria, model_kwargs)
     _check_arguments(drafter, controller, method, profile, observer)
+    _check_offload(model, offload)
     _check_lengths(config)
     if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2:
         raise InputError(f"input_ids must be a [B, T] integer torch.Tensor, got {type(input_ids).__name__}")
@@ -125,7 +132,7 @@ def speculative_generate(
     max_new_tokens = config.max_length - int(input_ids.shape[1])
     if max_new_tokens < 1:
         raise InputError(f"the prompt ({input_ids.shape[1]} tokens) already reaches max_length={config.max_length}")
-    target = TargetModel(model)
+    target = TargetModel(model, offload=offload)
     drafter, controller = _drafter_and_controller(target, drafter, controller, method, profile)
     sampling = _sampling_settings(config)
     if sampling["temperature"] > 0 and generator is None:
@@ -180,6 +187,20 @@ def _check_arguments(drafter, controller, method, profile, observer) -> None:
         raise InputError(f"profile= must be a Profile, the path of a profile JSON, or None; got {type(profile).__name__}")
     if observer is not None and not _has_methods(observer, "on_prefill", "on_step"):
         raise InputError(f"observer= must be a DecodeObserver (on_prefill / on_step) or None; got {type(observer).__name__}")
+
+
+def _check_offload(model: PreTrainedModel, offload) -> None:
+    """`offload` is None or the `ExpertOffload` serving this model's experts now (its registered
+    implementation is the one the model runs)."""
+    if offload is None:
+        return
+    if not isinstance(offload, ExpertOffload):
+        raise InputError(f"offload= must be the ExpertOffload that offload_experts returned, or None; "
+                         f"got {type(offload).__name__}")
+    running = getattr(model.config, "_experts_implementation", None)
+    if offload.implementation is None or running != offload.implementation:
+        raise InputError(f"offload= is not installed on this model (it runs experts implementation {running!r}, "
+                         f"the offload registered {offload.implementation!r})")
 
 
 def _has_methods(value, *names: str) -> bool:

@@ -74,6 +74,33 @@ def test_every_method_decodes_exactly_like_ar_under_greedy(bench_report):
             assert prompt["methods"][name]["new_ids"] == reference, (prompt["index"], name)
 
 
+def test_a_report_without_offload_has_no_read_columns_and_zero_reads(bench_report):
+    from moe_spec.experiments.report import format_report, summary_line
+
+    assert "offload" not in bench_report["config"]
+    assert "miss/tok" not in format_report(bench_report) and "offload" not in summary_line(bench_report)
+    for figures in bench_report["methods"].values():
+        assert figures["misses_per_token"] == 0 and figures["mb_read_per_token"] == 0 and figures["hit_rate"] is None
+
+
+def test_offloaded_reads_are_totals_over_the_steps_per_token_produced():
+    from moe_spec.core.stats import GenerationStats, StepStats
+    from moe_spec.experiments.report import aggregate
+
+    def step(produced, hits, misses, wait_ms):
+        return StepStats(tree_size=2, accepted_length=produced, verify_ms=1.0, draft_ms=0.5,
+                         unique_experts_per_layer=(2, 2), expert_hits=hits, expert_misses=misses,
+                         bytes_read=misses * 2**20, fetch_wait_ms=wait_ms)
+
+    first = GenerationStats(new_tokens=3, total_ms=10.0, steps=[step(1, 3, 1, 1.0), step(2, 0, 4, 3.0)])
+    second = GenerationStats(new_tokens=1, total_ms=5.0, steps=[step(1, 4, 0, 0.0)])
+    figures = aggregate([first, second])
+    assert figures["misses_per_token"] == 5 / 4 and figures["mb_read_per_token"] == 5 / 4
+    assert figures["hit_rate"] == round(7 / 12, 4) and figures["fetch_wait_ms"] == round(4 / 3, 4)
+    reference = aggregate([GenerationStats(new_tokens=4, total_ms=5.0)])  # a loop without step statistics
+    assert reference["misses_per_token"] is None and reference["hit_rate"] is None
+
+
 def test_drafting_helps_on_the_repetitive_prompt(bench_report):
     copy = bench_report["per_class"]["copy"]
     assert copy["eagle2"]["mean_accept_len"] > 1.0
@@ -107,7 +134,7 @@ def test_registry_builds_controllers_with_the_published_budgets():
     assert build_controller("eagle2", no_profile).budget == EAGLE2_BUDGET
     assert build_controller("static:16", no_profile).budget == EAGLE2_BUDGET.with_nodes(16)
     assert expand_methods(["ar", "static-best", "static:8"]) == ["ar", *[f"static:{n}" for n in STATIC_GRID]]
-    assert set(METHODS) == {"ar", "eagle2", "static", "truncate", "moe-aware", "moe-aware-noexperts"}
+    assert set(METHODS) == {"ar", "eagle2", "static", "truncate", "moe-aware", "moe-aware-noexperts", "moe-aware-noresidency"}
 
 
 def test_method_order_rotates_per_prompt():
