@@ -77,8 +77,9 @@ def run_peers(load_model, prompts: list[torch.Tensor], store_folder: str | Path,
     for name, config in configs:
         model = load_model()
         offload = offload_experts(model, config)
-        peers.append((PeerRun(name, resident_mb=offload.summary()["resident_mb"]), TargetModel(model, offload=offload),
-                      offload))
+        summary = offload.summary()  # fast memory the experts take: the cache and its scratch slots
+        fast_mb = round(summary["resident_mb"] + summary["scratch_mb"], 3)
+        peers.append((PeerRun(name, resident_mb=fast_mb), TargetModel(model, offload=offload), offload))
     scratch = None
     if accelerate:
         scratch = tempfile.TemporaryDirectory(prefix="moe_spec-accelerate-")

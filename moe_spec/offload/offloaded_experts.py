@@ -133,7 +133,8 @@ class ExpertOffload:
         capacity = 0 if whole else min(config.resident, self.num_experts)
         if not whole and 0 < capacity < (self.top_k or 1):
             raise InputError(f"resident experts ({capacity}) must be at least top-k ({self.top_k}) or 0 (no cache)")
-        scratch = self.num_experts if whole else (config.scratch or 2 * (self.top_k or 1))
+        # a pass never needs more than E - C scratch slots (C >= E: none, beyond one to keep the slot tensors whole)
+        scratch = self.num_experts if whole else max(1, min(config.scratch or 2 * (self.top_k or 1), self.num_experts - capacity))
         dtype = store.layout.torch_dtype
         self.caches = [LayerCache(self.num_experts, capacity, scratch, [p.shape for p in store.layout.params], dtype,
                                   device, config.eviction) for _ in experts]
@@ -150,7 +151,8 @@ class ExpertOffload:
         self.model_fingerprint: dict | None = None  # the model's `fingerprint` before its experts left (profiles match it)
         self.implementation: str | None = None  # the name registered in transformers' ExpertsInterface
         self.full_bytes = len(experts) * self.num_experts * store.layout.payload_bytes
-        self.resident_bytes = len(experts) * (capacity + scratch) * store.layout.payload_bytes
+        self.resident_bytes = len(experts) * capacity * store.layout.payload_bytes  # the cache proper
+        self.scratch_bytes = len(experts) * scratch * store.layout.payload_bytes  # streaming slots beside it
 
     # ---- what the rest of moe_spec reads -------------------------------------------------------
     def residency(self) -> torch.Tensor:
@@ -159,7 +161,8 @@ class ExpertOffload:
 
     def summary(self) -> dict:
         return {"offload": self.config.describe(), "store": str(self.store.path), "direct_reads": self.store.direct,
-                "resident_mb": round(self.resident_bytes / 2**20, 3), "experts_mb": round(self.full_bytes / 2**20, 3),
+                "resident_mb": round(self.resident_bytes / 2**20, 3), "scratch_mb": round(self.scratch_bytes / 2**20, 3),
+                "experts_mb": round(self.full_bytes / 2**20, 3),
                 "base_implementation": self.base}
 
     def measure_fetch_cost(self, counts: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64), repeats: int = 5,
@@ -338,8 +341,16 @@ def offload_experts(model: nn.Module, config: OffloadConfig) -> ExpertOffload:
     if config.tier == "host" and next(model.parameters()).device.type != "cuda":
         raise InputError("offload tier 'host' needs the model on a CUDA device (on the CPU the experts already "
                          "live in host memory); use --offload disk")
+    top_k = int(getattr(model.config, "num_experts_per_tok", 0) or 0)
+    if config.cache == "resident" and 0 < config.resident < top_k:
+        raise InputError(f"resident experts ({config.resident}, --resident-experts) must be at least the model's "
+                         f"top-k ({top_k}), or 0 for no cache")
     store = ExpertStore.open(folder, model) if (folder / FILE_NAME).is_file() else write_store(model, folder)
-    offload = ExpertOffload(model, store, config)
+    try:
+        offload = ExpertOffload(model, store, config)
+    except BaseException:
+        store.close()
+        raise
     from moe_spec.profile.artifact import fingerprint
 
     offload.model_fingerprint = fingerprint(model)  # the weights' hash needs the experts' values, read here once

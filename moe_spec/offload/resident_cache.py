@@ -96,8 +96,13 @@ class LayerCache:
             self.expert_of_slot[slot] = -1
 
     def clear(self) -> None:
+        """A cold start: nothing resident and no usage history, so what a pass evicts next depends on
+        nothing that ran before (bench methods each start from this same state)."""
         self.expert_of_slot[:] = -1
         self.slot_of_expert[:] = -1
+        self.last_used[:] = 0
+        self.uses[:] = 0
+        self._clock = 0
 
     def _touch(self, slot: int) -> None:
         self.last_used[slot] = self._clock

@@ -195,8 +195,6 @@ def test_every_generation_of_every_method_starts_from_an_empty_cache(tiny_folder
     assert len(resident_after_clear) == 2 + len(runs) and not any(resident_after_clear)  # 2 warm-ups, then the runs
 
 
-@pytest.mark.xfail(strict=True, reason="LayerCache.clear() empties the slots but keeps last_used / uses / the "
-                                       "clock, so which expert a later miss evicts still depends on the runs before")
 def test_a_cold_start_reads_the_same_experts_on_every_pass(tiny_folder, tmp_path):
     runs = offloaded_runs(tiny_folder, tmp_path / "store")
     for method in ("ar", "static:4"):
