@@ -21,6 +21,7 @@ import torch
 from tqdm import tqdm
 
 from moe_spec.cli.defaults import field_defaults
+from moe_spec.cli.offload_options import add_offload_arguments, offload_config, offload_from_args
 from moe_spec.cli.option_types import device, experts_implementation, non_negative_int, positive_int, seed
 from moe_spec.core.drafting import EAGLE2_BUDGET, TreeBudget
 from moe_spec.errors import InputError
@@ -28,6 +29,7 @@ from moe_spec.loading import load_drafter, load_target, load_tokenizer, model_fo
 from moe_spec.experiments.prompt_file import load_prompts
 from moe_spec.profile.artifact import Profile
 from moe_spec.measure.latency import TimingConfig
+from moe_spec.measure.fetch_profile import fetch_stage
 from moe_spec.measure.profiler import ProfileSettings, build_profile
 from moe_spec.core.target import TargetModel
 
@@ -57,6 +59,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--per-layer-cost", action="store_true", help="fit one expert cost per MoE layer")
     parser.add_argument("--seed", type=seed, default=SETTINGS["seed"])
+    add_offload_arguments(parser)  # with --offload: the profile also measures the fetch cost of that tier
     # short settings for tests and quick looks
     hidden = argparse.SUPPRESS
     parser.add_argument("--max-new-tokens", type=positive_int, default=SETTINGS["max_new_tokens"], help=hidden)
@@ -87,6 +90,7 @@ def run(args: argparse.Namespace) -> dict:
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     model_dir = model_folder(args.model)
+    offloading = offload_config(args)  # checked before anything loads
     target = TargetModel(load_target(model_dir, args.dtype, args.experts_implementation, device=args.device))
     tokenizer = load_tokenizer(model_dir)
     drafter = load_drafter(args.drafter, target)
@@ -112,6 +116,14 @@ def run(args: argparse.Namespace) -> dict:
     )
     start = time.perf_counter()
     profile = build_profile(target, drafter, prompts, settings, _tqdm_progress, drafter_description)
+    if offloading is not None:
+        # the compute terms above were measured with every expert resident; the fetch term is this tier's
+        target.offload = offload_from_args(args, target.model)
+        try:
+            profile = fetch_stage(target, drafter, prompts[:4], profile, max_new_tokens=min(args.max_new_tokens, 24),
+                                  progress=lambda runs: tqdm(runs, desc="fetch check", file=sys.stderr, leave=False))
+        finally:
+            target.offload.close()
     profile.details["measurement"]["model"] = str(model_dir)
     profile.details["measurement"]["prompts_sha256"] = hashlib.sha256(args.prompts.read_bytes()).hexdigest()
     args.out.parent.mkdir(parents=True, exist_ok=True)
@@ -132,6 +144,10 @@ def run(args: argparse.Namespace) -> dict:
         "predictor_node_recall": profile.details.get("expert_predictor", {}).get("node_recall"),
         "plots": [str(p) for p in plots],
     }
+    if "fetch_cost_report" in profile.details:
+        fetch = profile.details["fetch_cost_report"]
+        record["fetch_error_median"] = fetch.get("error_with_fetch_term", {}).get("median")
+        record["fetch_error_compute_only_median"] = fetch.get("error_compute_only", {}).get("median")
     print(json.dumps(record))
     return record
 
@@ -220,6 +236,14 @@ def summary_table(profile: Profile) -> str:
         real = ["-" if np.isnan(v) else f"{v:.1f}" for v in curve.real.mean(axis=1)]
         random = [f"{v:.1f}" for v in curve.random.mean(axis=1)]
         rows.append(("unique experts", f"T={list(curve.sizes)}  trees {real}  random {random}"))
+    if "fetch_cost_report" in d:
+        f = d["fetch_cost_report"]
+        curve = ", ".join(f"{c}:{v:.2f}" for c, v in zip(f["fetch_cost"]["counts"], np.mean(f["fetch_cost"]["ms"], axis=0)))
+        rows.append(("fetch cost", f"{f['offload']['offload']}: m(M) ms {curve} (mean over layers)"))
+        if "error_with_fetch_term" in f:
+            a, b = f["error_with_fetch_term"], f["error_compute_only"]
+            rows.append(("fetch error", f"held-out offloaded passes (n={a['n']}): median {a['median']:.1%} p90 {a['p90']:.1%} "
+                                        f"(compute only: {b['median']:.1%}, {b['p90']:.1%})"))
     if "draft_cost" in d:
         dc = d["draft_cost"]
         rows.append(("draft cost", f"{dc['base_ms']:.3f} ms + {dc['per_depth_ms']:.3f} ms/depth + {dc['per_node_ms']:.4f} ms/node"))

@@ -88,3 +88,27 @@ def test_missing_model_is_a_clear_error(tmp_path):
     prompts.write_text('{"prompt_ids": [1, 2, 3]}\n')
     with pytest.raises(InputError, match="no model at"):
         run(_args("--model", str(tmp_path / "none"), "--prompts", str(prompts), "--out", str(tmp_path / "o.json")))
+
+
+@pytest.mark.slow  # profiles a target
+def test_profile_with_offload_measures_the_fetch_cost_and_checks_it_on_held_out_passes(tmp_path, model_dir, capsys):
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("\n".join(json.dumps({"prompt": _TEXTS[i % 3] * 2}) for i in range(4)) + "\n")
+    out = tmp_path / "profile.json"
+    args = _args(
+        "--model", str(model_dir), "--drafter", "lookup", "--prompts", str(prompts), "--out", str(out),
+        "--max-new-tokens", "8", "--repeats", "1", "--warmup", "0", "--evict-mb", "0", "--threads", "1",
+        "--grid-tokens", "1,4", "--grid-experts", "2,4", "--natural-trees", "2", "--prefix-len", "8", "--batch-sizes", "2",
+        "--offload", "disk", "--resident-experts", "2", "--offload-dir", str(tmp_path / "store"),
+    )
+    record = run(args)
+    assert "fetch error" in capsys.readouterr().out
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    profile = Profile.load(out, target=model)  # fingerprinted before the experts left the model
+    fetch = profile.cost_model.fetch
+    assert fetch is not None and fetch.num_layers == 2 and fetch.counts == (1, 2, 4, 8)
+    assert all(v > 0 for row in fetch.ms for v in row)
+    report = profile.details["fetch_cost_report"]
+    assert report["passes"] > 0 and report["mean_misses_per_pass"] > 0
+    assert record["fetch_error_median"] == report["error_with_fetch_term"]["median"]
+    assert (tmp_path / "store" / "experts.store").is_file()
