@@ -1,0 +1,77 @@
+"""Add an offload tier's measured fetch cost to an existing profile (the `--offload` stage of
+`moe-spec profile`, run on its own so the compute terms stay as measured with every expert resident).
+
+    python scripts/profile_fetch.py --profile moe_spec/assets/default_profile.json \
+        --prompts configs/bench/profile.jsonl --out analysis/results/offload/profile_disk.json
+
+Measures m_l(M) from the expert store (written once into --offload-dir), then checks the cost model
+with the fetch term on held-out offloaded verify passes (static trees of 0, 2, 8 and 32 nodes, each
+prompt from a cold cache). Prints a summary and, last, one JSON line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+from moe_spec.cli.profile import read_prompts
+from moe_spec.core.target import TargetModel
+from moe_spec.loading import load_drafter, load_target, load_tokenizer, model_folder
+from moe_spec.measure.fetch_profile import fetch_stage
+from moe_spec.offload.offloaded_experts import OffloadConfig, offload_experts
+from moe_spec.profile.artifact import Profile
+
+
+def main(argv=None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default=None, help="model folder (default: the embedded target)")
+    parser.add_argument("--drafter", default="default")
+    parser.add_argument("--profile", required=True, help="the profile whose compute terms to keep")
+    parser.add_argument("--prompts", type=Path, required=True)
+    parser.add_argument("--max-prompts", type=int, default=6)
+    parser.add_argument("--max-new-tokens", type=int, default=24)
+    parser.add_argument("--resident-experts", type=int, default=16, help="C for the held-out check passes")
+    parser.add_argument("--offload-dir", default="runs/expert_store/default_target-float32")
+    parser.add_argument("--out", type=Path, required=True)
+    args = parser.parse_args(argv)
+    torch.set_num_threads(1)
+    model = load_target(args.model)
+    resident = TargetModel(model)
+    profile = Profile.load(args.profile, resident)
+    tokenizer = load_tokenizer(args.model)
+    prompts = read_prompts(args.prompts, tokenizer, resident.vocab_size)[: args.max_prompts]
+    offload = offload_experts(model, OffloadConfig(args.offload_dir, resident=args.resident_experts))
+    target = TargetModel(model, offload=offload)
+    drafter = load_drafter(args.drafter, target)
+    try:
+        profile = fetch_stage(target, drafter, prompts, profile, max_new_tokens=args.max_new_tokens,
+                              progress=lambda runs: tqdm(runs, desc="fetch check", file=sys.stderr))
+    finally:
+        offload.close()
+    profile.details.setdefault("measurement", {})["fetch_stage_model"] = str(model_folder(args.model))
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    profile.save(args.out)
+    report = profile.details["fetch_cost_report"]
+    fetch = report["fetch_cost"]
+    print("fetch cost m(M), ms, per layer:")
+    for layer, row in enumerate(fetch["ms"]):
+        print(f"  layer {layer}: " + "  ".join(f"{c}:{v:.2f}" for c, v in zip(fetch["counts"], row)))
+    for key in ("error_with_fetch_term", "error_compute_only", "error_refit_compute_with_fetch_term"):
+        e = report[key]
+        print(f"{key:<38} n={e['n']}  median {e['median']:.1%}  p90 {e['p90']:.1%}  signed mean {e['mean_signed']:+.1%}")
+    print(f"share of verify time in fetches: {report['share_of_time_in_fetch']:.1%}")
+    line = {"command": "profile_fetch", "out": str(args.out),
+            **{k: report[k]["median"] for k in ("error_with_fetch_term", "error_compute_only",
+                                                 "error_refit_compute_with_fetch_term")},
+            "share_of_time_in_fetch": report["share_of_time_in_fetch"], "passes": report["passes"]}
+    print(json.dumps(line))
+    return line
+
+
+if __name__ == "__main__":
+    main()
