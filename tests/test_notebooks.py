@@ -34,7 +34,30 @@ def results(tmp_path_factory):
     assert main(["bench", "--model", str(model), "--drafter", "lookup", "--prompts", str(prompts),
                  "--methods", "ar,eagle2,static:4,moe-aware,moe-aware-noexperts", "--profile", str(out / "profile.json"),
                  "--max-new-tokens", "12", "--threads", "1", "--no-progress", "--json", str(out / "bench_greedy.json")]) == 0
+    _offload_results(model, prompts, out / "offload", root / "store")
     return out
+
+
+def _offload_results(model, prompts, out, store):
+    """What notebook 04 reads: offloaded benches at two cache sizes, the fetch profile, the peers."""
+    import subprocess
+    import sys
+
+    for resident in (2, 4):
+        assert main(["bench", "--model", str(model), "--drafter", "lookup", "--prompts", str(prompts),
+                     "--methods", "ar,static:4,moe-aware,moe-aware-noresidency", "--profile", str(out.parent / "profile.json"),
+                     "--max-new-tokens", "8", "--threads", "1", "--no-progress", "--offload", "disk",
+                     "--resident-experts", str(resident), "--offload-dir", str(store),
+                     "--json", str(out / f"bench_tiny_c{resident}.json")]) == 0
+    root = Path(__file__).resolve().parent.parent
+    for script, extra in (("profile_fetch.py", ["--profile", str(out.parent / "profile.json"), "--drafter", "lookup",
+                                                 "--resident-experts", "2", "--max-new-tokens", "6",
+                                                 "--out", str(out / "profile_disk.json")]),
+                          ("offload_peers.py", ["--resident", "2", "4", "--max-new-tokens", "6", "--limit", "1",
+                                                "--json", str(out / "peers_tiny.json")])):
+        subprocess.run([sys.executable, str(root / "scripts" / script), "--model", str(model), "--prompts", str(prompts),
+                        *(["--offload-dir", str(store)] if script == "profile_fetch.py" else ["--store", str(store)]),
+                        *extra], check=True, capture_output=True)
 
 
 @pytest.mark.parametrize(
@@ -43,6 +66,8 @@ def results(tmp_path_factory):
         ("01_expert_activation", ["expert_load.png", "token_id_concentration.png", "unique_experts_vs_tokens.png", "coactivation.png"]),
         ("02_cost_model", ["latency_grid.png", "cost_model_residuals.png"]),
         ("03_speedups", ["speedup_by_class.png", "accept_vs_cost.png", "moe_aware_tree_sizes.png", "speedup_vs_batch.png"]),
+        ("04_offload", ["offload_speedup_vs_resident.png", "offload_misses_per_token.png", "offload_cost_fit.png",
+                        "offload_peers_tiny.png"]),
     ],
 )
 def test_notebook_runs_and_draws(notebook, figures, results, tmp_path, monkeypatch):
