@@ -12,17 +12,21 @@ routers, attention and embeddings stay where they are.
 Each experts call (one MoE layer of one forward) then:
 1. lists the distinct experts its tokens route to and asks the layer cache for hits, admissions
    (read now, kept) and overflow (more experts than `resident`: read through scratch slots);
-2. starts the admitted reads (parallel, see `expert_fetch.py`) and computes the hits meanwhile;
-3. computes the admitted experts once read, then streams the overflow chunk by chunk;
-4. combines the (token, k) rows exactly as the implementation it replaces would.
+2. reads the admitted experts, all together (parallel, see `expert_fetch.py`);
+3. when every needed expert sits in a slot (no overflow), runs transformers' `grouped_mm` once on
+   the slots, each expert id replaced by its slot: the same group matmuls on the same rows and the
+   kernel's own sum over k, so the output is the reference's bit for bit;
+4. otherwise computes the (token, k) rows chunk by chunk (the overflow streamed, double-buffered,
+   through the scratch slots) and combines them exactly as the replaced implementation would.
 
-Lossless by construction: every (token, k) row is computed by transformers' own implementation
-(the one the model ran before: `grouped_mm`, or the model's `eager` loop), called on a view of the
-experts module whose weights are the slots and with each pair as a one-expert token, so the row is
-the same group matmul on the same inputs; the rows are then summed over k in (token, k) order as
-`grouped_mm` does, or accumulated expert by expert in ascending id as `eager` does. Greedy output is
-token-identical and sampling draws identical for every C, batch and policy (tested per
-architecture). Other implementations (`batched_mm`, `megablocks`) are served as `grouped_mm`.
+Lossless by construction: in step 4 every (token, k) row is computed by transformers' own
+implementation (the one the model ran before: `grouped_mm`, or the model's `eager` loop), called on a
+view of the experts module whose weights are the slots and with each pair as a one-expert token, so
+the row is the same group matmul on the same inputs; the rows are then summed over k in (token, k)
+order as `grouped_mm` does, or accumulated expert by expert in ascending id as `eager` does (which
+is why `eager` always takes step 4). Greedy output is token-identical and sampling draws identical
+for every C, batch and policy (tested per architecture). Other implementations (`batched_mm`,
+`megablocks`) are served as `grouped_mm`.
 
 Whole-layer fetching (`cache="whole-layer"`: every pass reads all experts of each layer, as
 module-granular offloading does) and no cache (`resident=0`: every pass reads each expert it uses)
@@ -204,36 +208,47 @@ class ExpertOffload:
         """hidden_states [T, D], top_k_index [T, K], top_k_weights [T, K] -> [T, D]."""
         position = self._position[id(module)]
         cache = self.caches[position]
-        flat = top_k_index.reshape(-1)  # [S = T*K] expert of each (token, k) pair
-        experts_of_pairs = flat.cpu().numpy()
+        experts_of_pairs = top_k_index.reshape(-1).cpu().numpy()  # [S = T*K] expert of each (token, k) pair
         needed = np.unique(experts_of_pairs).tolist()
-        rows = _PairRows(self, position, hidden_states, top_k_index, top_k_weights)
         slot_of = np.full(self.num_experts, -1, dtype=np.int64)  # [E] slot each needed expert is read from
         if self.config.cache == "whole-layer":
             wait_ms = self.fetcher.fetch_layer(position, cache.slots).wait()
             slot_of[:] = cache.scratch_slot(0) + np.arange(self.num_experts)
-            rows.compute(needed, slot_of)
             self._count(position, 0, self.num_experts, wait_ms)
-            return rows.combine(needed)
+            return self._in_one_call(position, hidden_states, top_k_index, top_k_weights, slot_of, needed)
         plan = cache.plan(needed)
         pending = self.fetcher.fetch(position, plan.admitted, cache.slots)
         try:
-            for expert, slot in plan.hits:
-                slot_of[expert] = slot
-            rows.compute([e for e, _ in plan.hits], slot_of)  # overlaps the reads
-        finally:
-            try:
-                wait_ms = pending.wait()
-            except BaseException:
-                cache.abort(plan.admitted)
-                raise
+            wait_ms = pending.wait()
+        except BaseException:
+            cache.abort(plan.admitted)
+            raise
         cache.commit(plan.admitted)
-        for expert, slot in plan.admitted:
+        for expert, slot in plan.hits + plan.admitted:
             slot_of[expert] = slot
-        rows.compute([e for e, _ in plan.admitted], slot_of)
+        if not plan.overflow:  # every expert the pass needs is in a resident slot now
+            self._count(position, len(plan.hits), plan.misses, wait_ms)
+            return self._in_one_call(position, hidden_states, top_k_index, top_k_weights, slot_of, needed)
+        rows = _PairRows(self, position, hidden_states, top_k_index, top_k_weights)
+        rows.compute([e for e, _ in plan.hits + plan.admitted], slot_of)
         wait_ms += self._stream_overflow(position, plan.overflow, rows, slot_of)
         self._count(position, len(plan.hits), plan.misses, wait_ms)
         return rows.combine(needed)
+
+    def _in_one_call(self, position: int, hidden_states: torch.Tensor, top_k_index: torch.Tensor,
+                     top_k_weights: torch.Tensor, slot_of: np.ndarray, needed: list[int]) -> torch.Tensor:
+        """The whole call at once when every needed expert sits in a slot: transformers' grouped_mm on
+        the slots with each expert id replaced by its slot. Each group is the same matmul on the same
+        rows and the sum over k is the kernel's own, so the output is the reference's bit for bit.
+        (`eager` accumulates in expert order, which slots do not keep: it goes row by row.)"""
+        if self.base == "eager":
+            rows = _PairRows(self, position, hidden_states, top_k_index, top_k_weights)
+            rows.compute(needed, slot_of)
+            return rows.combine(needed)
+        from transformers.integrations.moe import grouped_mm_experts_forward
+
+        slots = torch.from_numpy(slot_of).to(top_k_index.device)[top_k_index]  # [T, K]
+        return grouped_mm_experts_forward(self._views[position], hidden_states, slots, top_k_weights)
 
     def _stream_overflow(self, position: int, overflow: list[int], rows: "_PairRows", slot_of: np.ndarray) -> float:
         """Experts beyond the resident slots (a pass needing more than C): read through the scratch
