@@ -61,13 +61,14 @@ def main(argv=None) -> dict:
     print("fetch cost m(M), ms, per layer:")
     for layer, row in enumerate(fetch["ms"]):
         print(f"  layer {layer}: " + "  ".join(f"{c}:{v:.2f}" for c, v in zip(fetch["counts"], row)))
-    for key in ("error_with_fetch_term", "error_compute_only", "error_refit_compute_with_fetch_term"):
+    print(f"passes: {report['fit_passes']} to refit the compute terms, {report['heldout_passes']} held out")
+    for key in ("error_refit_with_fetch_term", "error_resident_compute_with_fetch_term", "error_compute_only"):
         e = report[key]
         print(f"{key:<38} n={e['n']}  median {e['median']:.1%}  p90 {e['p90']:.1%}  signed mean {e['mean_signed']:+.1%}")
     print(f"share of verify time in fetches: {report['share_of_time_in_fetch']:.1%}")
     line = {"command": "profile_fetch", "out": str(args.out),
-            **{k: report[k]["median"] for k in ("error_with_fetch_term", "error_compute_only",
-                                                 "error_refit_compute_with_fetch_term")},
+            **{k: report[k]["median"] for k in ("error_refit_with_fetch_term", "error_resident_compute_with_fetch_term",
+                                                 "error_compute_only")},
             "share_of_time_in_fetch": report["share_of_time_in_fetch"], "passes": report["passes"]}
     print(json.dumps(line))
     return line

@@ -146,7 +146,7 @@ def run(args: argparse.Namespace) -> dict:
     }
     if "fetch_cost_report" in profile.details:
         fetch = profile.details["fetch_cost_report"]
-        record["fetch_error_median"] = fetch.get("error_with_fetch_term", {}).get("median")
+        record["fetch_error_median"] = fetch.get("error_refit_with_fetch_term", {}).get("median")
         record["fetch_error_compute_only_median"] = fetch.get("error_compute_only", {}).get("median")
     print(json.dumps(record))
     return record
@@ -240,8 +240,8 @@ def summary_table(profile: Profile) -> str:
         f = d["fetch_cost_report"]
         curve = ", ".join(f"{c}:{v:.2f}" for c, v in zip(f["fetch_cost"]["counts"], np.mean(f["fetch_cost"]["ms"], axis=0)))
         rows.append(("fetch cost", f"{f['offload']['offload']}: m(M) ms {curve} (mean over layers)"))
-        if "error_with_fetch_term" in f:
-            a, b = f["error_with_fetch_term"], f["error_compute_only"]
+        if "error_refit_with_fetch_term" in f:
+            a, b = f["error_refit_with_fetch_term"], f["error_compute_only"]
             rows.append(("fetch error", f"held-out offloaded passes (n={a['n']}): median {a['median']:.1%} p90 {a['p90']:.1%} "
                                         f"(compute only: {b['median']:.1%}, {b['p90']:.1%})"))
     if "draft_cost" in d:

@@ -4,12 +4,15 @@
 
 1. `ExpertOffload.measure_fetch_cost` times fetches of M random experts per layer (parallel reads
    into temporary slots) at a grid of M: the measured curve m_l(M) (`profile/fetch_cost.py`).
-2. The check: decode the prompts through the offloaded target with static trees of several sizes,
-   each prompt from a cold cache, and record every verify pass (tokens T, unique experts U_l, misses
-   M_l, time). None of these passes was used to measure m_l, so they are held out. The report gives
-   the relative error of the cost model with the fetch term, t = base + b*T + sum_l (c_l U_l +
-   m_l(M_l)), beside the compute-only model and a least-squares refit of the compute terms with the
-   fetch term kept as measured (what the controller would gain from refitting on this tier).
+2. Decode the prompts through the offloaded target with static trees of several sizes, each prompt
+   from a cold cache, and record every verify pass (tokens T, unique experts U_l, misses M_l, time).
+3. The compute terms (base, b, c) are refitted on the passes of the even-numbered prompts with the
+   fetch term kept as measured: the offloaded implementation computes experts at its own cost (slot
+   remapping, reads that compute does not hide), which the resident profile cannot know. The
+   profile keeps this refit, t = base + b*T + sum_l (c U_l + m_l(M_l)).
+4. The check, on the odd-numbered prompts' passes (held out from both fits): the relative error of
+   the refit model, of the resident profile's compute terms with the fetch term, and of compute
+   alone.
 """
 
 from __future__ import annotations
@@ -28,13 +31,16 @@ from moe_spec.profile.cost_model import CostModel
 
 class _PassRecorder(DecodeObserver):
     def __init__(self):
+        self.prompt = 0  # which prompt the next passes belong to (set by the caller)
         self.passes: list[tuple[int, tuple[int, ...], tuple[int, ...], int, float]] = []  # (T, U, M, rows, ms)
+        self.prompts: list[int] = []
 
     def on_step(self, record: StepRecord) -> None:
         if record.fetch is None:
             return
         self.passes.append((record.verified.pass_tokens, tuple(record.routing.unique_per_layer()),
                             record.fetch.per_layer_misses, record.verified.rows, record.verify_ms))
+        self.prompts.append(self.prompt)
 
 
 def _errors(predicted: np.ndarray, measured: np.ndarray) -> dict:
@@ -50,26 +56,36 @@ def fetch_stage(target, drafter, prompts: list[torch.Tensor], profile, budgets: 
     fetch = offload.measure_fetch_cost(repeats=repeats)
     cost = replace(profile.cost_model, fetch=fetch)
     recorder = _PassRecorder()
-    runs = [(nodes, ids) for nodes in (budgets if drafter is not None else (0,)) for ids in prompts]
-    for nodes, ids in (progress(runs) if progress else runs):
+    runs = [(nodes, i, ids) for nodes in (budgets if drafter is not None else (0,)) for i, ids in enumerate(prompts)]
+    for nodes, i, ids in (progress(runs) if progress else runs):
         offload.clear()
+        recorder.prompt = i
         controller = StaticController(EAGLE2_BUDGET.with_nodes(nodes)) if nodes else None
         SpecDecoder(target, drafter if nodes else None, controller, observer=recorder).generate(
             ids[None], max_new_tokens=max_new_tokens)
     report = {"fetch_cost": fetch.to_dict(), "offload": offload.summary()}
-    if recorder.passes:
+    held_out = np.array(recorder.prompts) % 2 == 1
+    if held_out.any() and (~held_out).any():
         tokens, unique, misses, rows, ms = (np.array(column, dtype=np.float64) for column in zip(*recorder.passes))
-        with_fetch = np.array([cost.predict_ms(t, u, int(r), misses=m) for t, u, m, r in zip(tokens, unique, misses, rows)])
-        compute_only = np.array([cost.predict_ms(t, u, int(r)) for t, u, r in zip(tokens, unique, rows)])
-        refit = _refit_compute(cost, tokens, unique, misses, ms)
-        refitted = np.array([refit.predict_ms(t, u, int(r), misses=m) for t, u, m, r in zip(tokens, unique, misses, rows)])
+        refit = _refit_compute(cost, tokens[~held_out], unique[~held_out], misses[~held_out], ms[~held_out])
+
+        def predicted(model, with_misses: bool) -> np.ndarray:
+            return np.array([model.predict_ms(t, u, int(r), misses=m if with_misses else None)
+                             for t, u, m, r in zip(tokens[held_out], unique[held_out], misses[held_out], rows[held_out])])
+
+        measured = ms[held_out]
         report.update({
-            "passes": len(recorder.passes), "mean_misses_per_pass": float(misses.sum(1).mean()),
-            "error_with_fetch_term": _errors(with_fetch, ms), "error_compute_only": _errors(compute_only, ms),
-            "error_refit_compute_with_fetch_term": _errors(refitted, ms),
-            "share_of_time_in_fetch": float(np.mean(np.array([fetch.total_ms(m) for m in misses]) / ms)),
-            "points": [[float(a), float(b)] for a, b in zip(with_fetch, ms)],  # (predicted, measured) ms, for plots
+            "passes": len(recorder.passes), "fit_passes": int((~held_out).sum()), "heldout_passes": int(held_out.sum()),
+            "mean_misses_per_pass": float(misses.sum(1).mean()),
+            "refit_compute": {"base_ms": refit.base_ms, "per_token_ms": refit.per_token_ms,
+                              "per_expert_ms": list(refit.per_expert_ms)},
+            "error_refit_with_fetch_term": _errors(predicted(refit, True), measured),
+            "error_resident_compute_with_fetch_term": _errors(predicted(cost, True), measured),
+            "error_compute_only": _errors(predicted(cost, False), measured),
+            "share_of_time_in_fetch": float(np.mean([fetch.total_ms(m) / t for m, t in zip(misses, ms)])),
+            "points": [[float(a), float(b)] for a, b in zip(predicted(refit, True), measured)],  # held out (predicted, measured)
         })
+        cost = refit
     return replace(profile, cost_model=cost, details={**profile.details, "fetch_cost_report": report})
 
 
@@ -81,4 +97,4 @@ def _refit_compute(cost: CostModel, tokens, unique, misses, ms) -> CostModel:
     coef, *_ = np.linalg.lstsq(design, rest / ms, rcond=None)
     coef = np.maximum(coef, 0.0)
     return replace(cost, base_ms=float(coef[0]), per_token_ms=float(coef[1]), per_expert_ms=(float(coef[2]),),
-                   source="refit on offloaded passes")
+                   source="compute refit on offloaded passes + measured fetch cost")

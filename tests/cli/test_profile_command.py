@@ -110,5 +110,7 @@ def test_profile_with_offload_measures_the_fetch_cost_and_checks_it_on_held_out_
     assert all(v > 0 for row in fetch.ms for v in row)
     report = profile.details["fetch_cost_report"]
     assert report["passes"] > 0 and report["mean_misses_per_pass"] > 0
-    assert record["fetch_error_median"] == report["error_with_fetch_term"]["median"]
+    assert record["fetch_error_median"] == report["error_refit_with_fetch_term"]["median"]
+    assert report["fit_passes"] > 0 and report["heldout_passes"] > 0
+    assert profile.cost_model.base_ms == report["refit_compute"]["base_ms"]
     assert (tmp_path / "store" / "experts.store").is_file()
