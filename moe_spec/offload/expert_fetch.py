@@ -14,7 +14,7 @@ first failure only after all of them have stopped writing into slots.
 from __future__ import annotations
 
 import time
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 
 import torch
 
@@ -31,16 +31,18 @@ class PendingReads:
     def wait(self) -> float:
         """Block until every read is done; the ms spent waiting."""
         start = time.perf_counter()
-        error = None
-        for future in self._futures:
+        interrupt = None
+        while True:
             try:
-                future.result()
-            except BaseException as failure:  # keep waiting: no read may still be writing into a slot
-                error = error or failure
+                wait(self._futures)
+                break
+            except BaseException as raised:  # e.g. Ctrl-C while blocked: keep waiting, no read may still write
+                interrupt = interrupt or raised
+        failures = [f.exception() for f in self._futures if f.exception() is not None]
         if self._device is not None and self._device.type == "cuda":
             torch.cuda.current_stream(self._device).synchronize()
-        if error is not None:
-            raise error
+        if interrupt is not None or failures:
+            raise interrupt or failures[0]
         return (time.perf_counter() - start) * 1000
 
 
@@ -91,6 +93,8 @@ class DiskFetcher:
         self.store.read_range(position, first, len(experts), view)
         for i, expert in enumerate(experts):
             block = memoryview(self._layer_buffer)[start + i * self.block_bytes: start + (i + 1) * self.block_bytes]
+            if self.verify:
+                self.store.check_block(position, expert, block)
             for target, source in zip(slots, self.store.tensors(block)):
                 target[expert].copy_(source)
 

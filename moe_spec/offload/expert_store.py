@@ -257,9 +257,14 @@ class ExpertStore:
         if got != layout.block_bytes:
             raise StoreError(f"{self.path}: layer {layout.layers[position]}, expert {expert}: read {got} of "
                              f"{layout.block_bytes} bytes (the file was truncated)")
-        if verify and zlib.crc32(buffer[: layout.block_bytes]) != self.checksums[position][expert]:
-            raise StoreError(f"{self.path}: layer {layout.layers[position]}, expert {expert} fails its checksum "
-                             "(the store is corrupt)")
+        if verify:
+            self.check_block(position, expert, buffer)
+
+    def check_block(self, position: int, expert: int, buffer: memoryview) -> None:
+        """`StoreError` unless `buffer` holds the block the header's checksum describes."""
+        if zlib.crc32(buffer[: self.layout.block_bytes]) != self.checksums[position][expert]:
+            raise StoreError(f"{self.path}: layer {self.layout.layers[position]}, expert {expert} fails its "
+                             "checksum (the store is corrupt)")
 
     def read_range(self, position: int, first: int, count: int, buffer: memoryview) -> None:
         """Read experts first..first+count-1 of MoE layer `position` (contiguous in the file) in one read."""

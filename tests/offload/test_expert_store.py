@@ -285,9 +285,6 @@ def test_verify_reads_catch_a_corrupt_block_during_a_forward(tmp_path):
         checked.close()
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: whole-layer fetching reads with ExpertStore.read_range, which never "
-                   "checks checksums, so OffloadConfig(verify_reads=True, cache='whole-layer') computes with "
-                   "corrupt blocks instead of raising StoreError (DiskFetcher._read_range ignores self.verify)")
 def test_verify_reads_catch_a_corrupt_block_with_whole_layer_fetching(tmp_path):
     model = tiny_model("mixtral")
     offload = offload_experts(model, OffloadConfig(tmp_path, cache="whole-layer", verify_reads=True))

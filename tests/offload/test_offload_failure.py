@@ -153,10 +153,6 @@ def test_pending_reads_raise_the_first_failure_after_every_read_finished():
         assert sorted(finished) == [0.0, 0.1, 0.2], "no read was still writing into a slot"
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: PendingReads.wait catches a KeyboardInterrupt raised while it waits on "
-                   "one future as that future's failure and moves on, so it returns (raising) while that read "
-                   "is still writing into its slot; run_layer then aborts and the next pass may hand the slot "
-                   "to another expert while the stale read still copies into it")
 def test_an_interrupt_while_waiting_still_waits_for_every_read():
     if threading.current_thread() is not threading.main_thread():
         pytest.skip("signals reach the main thread only")
