@@ -4,8 +4,9 @@
 Methods: `ar`, `eagle2` (`EAGLE2_BUDGET`: EAGLE-2's published tree), `static:N` (N nodes with
 EAGLE-2's depth and branching), `static-best` (the grid `STATIC_GRID` of static budgets, best
 throughput in hindsight: an aggregate that `bench` and `simulate` report, not a method one run can
-use), `truncate` (EVICT-style cut under a token-count cost), `moe-aware` (ours) and
-`moe-aware-noexperts` (ours without expert pricing, an ablation).
+use), `truncate` (EVICT-style cut under a token-count cost), `moe-aware` (ours),
+`moe-aware-noexperts` (ours without expert pricing, an ablation) and `moe-aware-noresidency` (with
+the experts offloaded: every expert priced by its compute alone, whether resident or not).
 
 A method is what `SpecDecoder` needs besides the target: a drafter (None: plain autoregressive
 decoding through the same cache machinery) and a controller (None: the drafter's own default
