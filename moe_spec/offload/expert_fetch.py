@@ -3,10 +3,12 @@
 - `DiskFetcher` reads blocks of an `ExpertStore` (O_DIRECT) with a small thread pool: each worker
   reads its share of the misses into its own page-aligned staging buffer and copies each block into
   its slot (`os.preadv` and torch's copy both release the GIL, so reads overlap one another, and
-  the next overflow chunk's reads overlap the current chunk's compute). A single read runs in the calling thread: the hand-off to a worker cost more
-  than it saved (0.35 ms inline against 0.42 ms through the pool for one 288 KB block here). How much
-  parallel reads amortise depends on the device; on this machine's virtual disk, little (8 random
-  blocks: 3.1 ms one after another, 2.7 ms in parallel), which the measured fetch cost records. A whole layer is one contiguous range of the file, read in `workers` pieces.
+  the next overflow chunk's reads overlap the current chunk's compute). A single read runs in the
+  calling thread: the hand-off to a worker cost more than it saved (0.35 ms inline against 0.42 ms
+  through the pool for one 288 KB block here). How much parallel reads amortise depends on the
+  device; on this machine's virtual disk, little (8 random blocks: 3.1 ms one after another, 2.7 ms
+  in parallel), which the measured fetch cost records. A whole layer is one contiguous range of the
+  file, read in `workers` pieces.
 - `HostFetcher` keeps every expert in pinned host memory and copies into device slots without
   blocking (the CUDA `host` tier); on the CPU it is a plain memory copy, used by tests only.
 
