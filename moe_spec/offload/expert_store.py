@@ -246,17 +246,7 @@ class ExpertStore:
 
     def read(self, position: int, expert: int, buffer: memoryview, verify: bool = False) -> None:
         """Read expert `expert` of MoE layer `position` into `buffer` (block_bytes, ALIGN-aligned)."""
-        layout = self.layout
-        if not (0 <= position < len(layout.layers) and 0 <= expert < layout.num_experts):
-            raise StoreError(f"{self.path}: no block for MoE layer {position}, expert {expert}")
-        try:
-            got = os.preadv(self._fd, [buffer[: layout.block_bytes]], layout.offset(position, expert))
-        except OSError as error:
-            raise StoreError(f"{self.path}: reading layer {layout.layers[position]}, expert {expert} failed: "
-                             f"{error.strerror or error}") from None
-        if got != layout.block_bytes:
-            raise StoreError(f"{self.path}: layer {layout.layers[position]}, expert {expert}: read {got} of "
-                             f"{layout.block_bytes} bytes (the file was truncated)")
+        self.read_range(position, expert, 1, buffer)
         if verify:
             self.check_block(position, expert, buffer)
 

@@ -48,6 +48,7 @@ from moe_spec.errors import InputError
 from moe_spec.offload.expert_fetch import DiskFetcher, HostFetcher
 from moe_spec.offload.expert_store import FILE_NAME, ExpertStore, expert_params, find_experts, write_store
 from moe_spec.offload.resident_cache import Eviction, LayerCache
+from moe_spec.profile.artifact import fingerprint
 from moe_spec.profile.fetch_cost import FetchCost
 
 TIERS = ("disk", "host")
@@ -215,7 +216,8 @@ class ExpertOffload:
             wait_ms = self.fetcher.fetch_layer(position, cache.slots).wait()
             slot_of[:] = cache.scratch_slot(0) + np.arange(self.num_experts)
             self._count(position, 0, self.num_experts, wait_ms)
-            return self._in_one_call(position, hidden_states, top_k_index, top_k_weights, slot_of, needed)
+            return self._in_one_call(position, hidden_states, top_k_index, top_k_weights, experts_of_pairs, slot_of,
+                                     needed)
         plan = cache.plan(needed)
         pending = self.fetcher.fetch(position, plan.admitted, cache.slots)
         try:
@@ -228,21 +230,23 @@ class ExpertOffload:
             slot_of[expert] = slot
         if not plan.overflow:  # every expert the pass needs is in a resident slot now
             self._count(position, len(plan.hits), plan.misses, wait_ms)
-            return self._in_one_call(position, hidden_states, top_k_index, top_k_weights, slot_of, needed)
-        rows = _PairRows(self, position, hidden_states, top_k_index, top_k_weights)
+            return self._in_one_call(position, hidden_states, top_k_index, top_k_weights, experts_of_pairs, slot_of,
+                                     needed)
+        rows = _PairRows(self, position, hidden_states, experts_of_pairs, top_k_weights)
         rows.compute([e for e, _ in plan.hits + plan.admitted], slot_of)
         wait_ms += self._stream_overflow(position, plan.overflow, rows, slot_of)
         self._count(position, len(plan.hits), plan.misses, wait_ms)
         return rows.combine(needed)
 
     def _in_one_call(self, position: int, hidden_states: torch.Tensor, top_k_index: torch.Tensor,
-                     top_k_weights: torch.Tensor, slot_of: np.ndarray, needed: list[int]) -> torch.Tensor:
+                     top_k_weights: torch.Tensor, experts_of_pairs: np.ndarray, slot_of: np.ndarray,
+                     needed: list[int]) -> torch.Tensor:
         """The whole call at once when every needed expert sits in a slot: transformers' grouped_mm on
         the slots with each expert id replaced by its slot. Each group is the same matmul on the same
         rows and the sum over k is the kernel's own, so the output is the reference's bit for bit.
         (`eager` accumulates in expert order, which slots do not keep: it goes row by row.)"""
         if self.base == "eager":
-            rows = _PairRows(self, position, hidden_states, top_k_index, top_k_weights)
+            rows = _PairRows(self, position, hidden_states, experts_of_pairs, top_k_weights)
             rows.compute(needed, slot_of)
             return rows.combine(needed)
         from transformers.integrations.moe import grouped_mm_experts_forward
@@ -295,11 +299,11 @@ class ExpertOffload:
 class _PairRows:
     """The (token, k) rows of one experts call, computed chunk by chunk and combined once."""
 
-    def __init__(self, offload: ExpertOffload, position: int, hidden: torch.Tensor, index: torch.Tensor,
+    def __init__(self, offload: ExpertOffload, position: int, hidden: torch.Tensor, experts: np.ndarray,
                  weights: torch.Tensor):
         self.offload, self.position = offload, position
-        self.hidden, self.top_k = hidden, index.shape[-1]  # [T, D]
-        self.experts = index.reshape(-1).cpu().numpy()  # [S]
+        self.hidden, self.top_k = hidden, weights.shape[-1]  # [T, D]
+        self.experts = experts  # [S = T*K] expert of each (token, k) pair, on the host
         self.weights = weights.reshape(-1)  # [S]
         weight_dtype = offload.store.layout.torch_dtype
         # grouped_mm forms each row as (weight dtype rows) * (routing weight) before summing over k

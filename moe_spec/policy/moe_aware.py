@@ -76,7 +76,7 @@ class MoeAwareController(ProfiledController):
         prices = [StepPrices(values, p) for values, p in zip(self.values_of(candidates), row_probs)]  # p: [L, N_b, E]
         self.draft_costs.update(candidates.max_depth, draft_ms)
         fixed_ms, depth_ms = self.draft_costs.estimate()
-        residency = self.residency() if self.residency is not None and self.price_residency and probs is not None else None
+        residency = self.residency() if probs is not None and self._prices_fetches() else None  # [L, E] bool, exact now
         keeps = best_first_forest(candidates, prices, self.cost_model(), depth_ms, draft_fixed_ms=fixed_ms,
                                   residency=residency)
         chosen = candidates.subforest(keeps)

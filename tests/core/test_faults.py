@@ -62,17 +62,28 @@ class Trigger:
             raise self.error(f"injected at {site}, call {self.at}")
 
 
-class FaultyDrafter:
-    """The real batch drafter, one of whose methods fails once."""
+class _Faulty:
+    """A real component, one of whose methods (`method`) fails once, at the trigger's call."""
+
+    site = ""  # names the component in the injected error
 
     def __init__(self, inner, method: str, trigger: Trigger):
         self.inner, self.method, self.trigger = inner, method, trigger
-        self.default_budget = inner.default_budget
 
     def _call(self, name, *args, **kwargs):
         if name == self.method:
-            self.trigger.tick(f"drafter.{name}")
+            self.trigger.tick(f"{self.site}.{name}")
         return getattr(self.inner, name)(*args, **kwargs)
+
+
+class FaultyDrafter(_Faulty):
+    """The real batch drafter, one of whose methods fails once."""
+
+    site = "drafter"
+
+    def __init__(self, inner, method: str, trigger: Trigger):
+        super().__init__(inner, method, trigger)
+        self.default_budget = inner.default_budget
 
     def begin(self, *args, **kwargs):
         return self._call("begin", *args, **kwargs)
@@ -87,16 +98,10 @@ class FaultyDrafter:
         return self._call("keep_rows", *args, **kwargs)
 
 
-class FaultyController:
+class FaultyController(_Faulty):
     """The real controller, one of whose calls fails once."""
 
-    def __init__(self, inner, method: str, trigger: Trigger):
-        self.inner, self.method, self.trigger = inner, method, trigger
-
-    def _call(self, name, *args, **kwargs):
-        if name == self.method:
-            self.trigger.tick(f"controller.{name}")
-        return getattr(self.inner, name)(*args, **kwargs)
+    site = "controller"
 
     def begin(self, *args, **kwargs):
         return self._call("begin", *args, **kwargs)
