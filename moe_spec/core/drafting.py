@@ -32,6 +32,9 @@ class TreeBudget:
     # when sampling: draw each node's children from the draft distribution (verified by recursive
     # rejection against it) instead of taking its top tokens; greedy decoding ignores it
     sampled: bool = False
+    # carry each drafted node's parent head output on the tree (`DraftTree.node_features`), for a
+    # controller that predicts routing from it; off by default: nothing is gathered
+    node_features: bool = False
 
     def __post_init__(self):
         if self.max_nodes < 0 or self.max_depth < 0 or self.branching < 1:
@@ -46,6 +49,9 @@ class TreeBudget:
 
     def with_scheme(self, sampled: bool) -> "TreeBudget":
         return replace(self, sampled=sampled)
+
+    def with_node_features(self, wanted: bool) -> "TreeBudget":
+        return self if self.node_features == wanted else replace(self, node_features=wanted)
 
     @property
     def drafts_nothing(self) -> bool:

@@ -11,6 +11,11 @@ each node, from a draft distribution q without replacement; the tree then carrie
 sequence (`draw_rank`), because verification by recursive rejection needs them exactly as
 drawn, and needs each node's children to be the *first* k draws (a cut may drop later draws of a
 node, never an earlier one while keeping a later; see `moe_spec.core.acceptance`).
+
+A tree may also carry, per node, the draft head's output at its parent (`node_features`, asked for
+with `TreeBudget.node_features`): what the head computed before proposing the node, from which a
+predictor guesses the node's routing (`moe_spec.profile.head_routing`). The root's row is zeros
+(its parent's output is never computed). Nothing in drafting or verification reads it.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ class DraftTree:
     proposals: torch.Tensor | None = None  # [N, V_q] float: the distribution node i's children were drawn from
     proposal_ids: torch.Tensor | None = None  # [V_q] long: the token id of each column of `proposals`
     draw_rank: torch.Tensor | None = None  # [N] long: 0 for its parent's first draw, 1 for the second, ... (root 0)
+    node_features: torch.Tensor | None = None  # [N, D] float: the head's output at each node's parent (root: zeros)
 
     def __post_init__(self):
         n = self.tokens.shape[0]
@@ -42,6 +48,8 @@ class DraftTree:
         if all(carried) and (self.proposals.dim() != 2 or self.proposals.shape[0] != n
                              or self.proposal_ids.shape != (self.proposals.shape[1],) or self.draw_rank.shape != (n,)):
             raise ValueError(f"proposals must be [{n}, V_q] with proposal_ids [V_q] and draw_rank [{n}]")
+        if self.node_features is not None and (self.node_features.dim() != 2 or self.node_features.shape[0] != n):
+            raise ValueError(f"node_features must be [{n}, D], got {tuple(self.node_features.shape)}")
         if int(self.parents[0]) != -1:
             raise ValueError("node 0 must be the root (parent -1)")
         if n > 1:
@@ -106,7 +114,7 @@ class DraftTree:
             raise ValueError("a subtree must contain the root")
         if keep.numel() == len(self) and int(keep[-1]) == len(self) - 1:  # every node
             return self
-        if keep.numel() == 1:
+        if keep.numel() == 1 and self.node_features is None:
             return DraftTree.root_only(int(self.tokens[0]))
         new_index = torch.full((len(self),), -1, dtype=torch.long)
         new_index[keep] = torch.arange(keep.numel())
@@ -114,10 +122,11 @@ class DraftTree:
         if bool((new_index[old_parents[1:]] < 0).any()):
             raise ValueError("a subtree must contain the parent of every kept node")
         parents = torch.cat([torch.tensor([-1]), new_index[old_parents[1:]]])
+        features = self.node_features[keep] if self.node_features is not None else None
         if not self.sampled:
-            return DraftTree(self.tokens[keep], parents, self.scores[keep])
+            return DraftTree(self.tokens[keep], parents, self.scores[keep], node_features=features)
         return DraftTree(self.tokens[keep], parents, self.scores[keep], self.proposals[keep], self.proposal_ids,
-                         self.draw_rank[keep])
+                         self.draw_rank[keep], features)
 
 
 def ancestor_mask(tree: DraftTree) -> torch.Tensor:

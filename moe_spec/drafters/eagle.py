@@ -142,11 +142,13 @@ class EagleDrafter:
             committed = [n - 1 for n in runner.lengths]  # the root pairs' columns (re-queued by commit)
             draws = Draws(generator) if budget.sampled and not sampling.greedy else None
             try:
-                ids, parents, scores = self._grow(h_root, committed, caps, width, budget.max_nodes, sampling, draws)
+                ids, parents, scores, features = self._grow(h_root, committed, caps, width, budget.max_nodes, sampling,
+                                                            draws, budget.node_features)
             finally:
                 runner.lengths = committed  # drop the root pairs and the drafts
         # outside inference mode, so the trees hold ordinary tensors
-        trees = [rerank(root, runner.d2t, ids[b], parents[b], scores[b], budget.max_nodes)
+        trees = [rerank(root, runner.d2t, ids[b], parents[b], scores[b], budget.max_nodes,
+                        features[b] if features is not None else None)
                  for b, root in enumerate(roots)]
         if draws is None:
             return trees
@@ -169,11 +171,14 @@ class EagleDrafter:
         return self._tables[key]
 
     def _grow(self, h_root: torch.Tensor, committed: list[int], caps: list[int], width: int, max_nodes: int,
-              sampling: SamplingConfig, draws: "Draws | None" = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+              sampling: SamplingConfig, draws: "Draws | None" = None, with_features: bool = False,
+              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
         """h_root: [B, D] the root pairs' outputs; committed: each row's committed pairs; caps: each
         row's depth; draws: where sampled candidates are drawn and recorded (None: top tokens).
         Returns [B, N] draft ids, parents and scores of every drafted node (placeholders: score
-        -inf), numbered from 1 (the root is 0) depth by depth, each depth in expansion order."""
+        -inf), numbered from 1 (the root is 0) depth by depth, each depth in expansion order, and
+        with `with_features` [B, N, D] the head output each node was proposed from (its parent's;
+        else None)."""
         runner, device = self._runner, h_root.device
         batch = h_root.shape[0]
         diagonal = self._diagonal(width)
@@ -198,6 +203,8 @@ class EagleDrafter:
         if draws is not None:
             scores = draws.keep_causally(scores, [], 1, depth_of_row, max_nodes)
         all_ids, all_parents, all_scores = [ids], [torch.zeros_like(ids)], [scores]
+        # per depth [B, M*w, D]: each child's parent output, gathered only when asked for
+        all_features = [h_root[:, None].expand(-1, width, -1)] if with_features else None
         first = 1  # node index of the newest depth's first node
         h = h_root[:, None]  # [B, M, D] of the rows expanded last: the newest depth's parents
         # [B, M, columns] what the newest depth's nodes see: the root's children see the prefix
@@ -237,7 +244,10 @@ class EagleDrafter:
             all_ids.append(ids)
             all_parents.append(nodes[..., None].expand(batch, m, width).reshape(batch, m * width))
             all_scores.append(scores)
-        return torch.cat(all_ids, dim=1), torch.cat(all_parents, dim=1), torch.cat(all_scores, dim=1)
+            if with_features:
+                all_features.append(h.repeat_interleave(width, dim=1))  # [B, m*w, D], children in slot order
+        features = torch.cat(all_features, dim=1) if with_features else None
+        return torch.cat(all_ids, dim=1), torch.cat(all_parents, dim=1), torch.cat(all_scores, dim=1), features
 
 
 class Draws:
@@ -289,7 +299,7 @@ class Draws:
             proposals[target[found].cpu()] = q[row][found].float().cpu()
         ranks = torch.cat([r[row] for r in self.ranks])  # [N] of nodes 1..N
         draw_rank = torch.cat([torch.zeros(1, dtype=torch.long), ranks[kept[1:] - 1].cpu()])
-        return DraftTree(tree.tokens, tree.parents, tree.scores, proposals, d2t.cpu(), draw_rank)
+        return DraftTree(tree.tokens, tree.parents, tree.scores, proposals, d2t.cpu(), draw_rank, tree.node_features)
 
 
 def draft_log_probs(runner: HeadRunner, h: torch.Tensor, sampling: SamplingConfig) -> torch.Tensor:
@@ -302,16 +312,21 @@ def draft_log_probs(runner: HeadRunner, h: torch.Tensor, sampling: SamplingConfi
 
 
 def rerank(root_token: int, d2t: torch.Tensor, ids: torch.Tensor, parents: torch.Tensor, scores: torch.Tensor,
-           max_nodes: int) -> DraftTree:
+           max_nodes: int, features: torch.Tensor | None = None) -> DraftTree:
     """The best `max_nodes` drafted nodes of finite score (ties: lower index), in node order, as a
-    tree under the root. ids, parents, scores: [N] of nodes 1..N (parents index nodes, 0 the root)."""
+    tree under the root. ids, parents, scores: [N] of nodes 1..N (parents index nodes, 0 the root);
+    features: None or [N, D] their parents' head outputs (the tree's `node_features`, root zeros)."""
     best = torch.sort(scores, descending=True, stable=True).indices[:max_nodes]
     best = best[scores[best] > NEG_INF].sort().values  # [K]
     kept = torch.cat([best.new_zeros(1), best + 1])  # node indices, root first, ascending
     new_parents = torch.searchsorted(kept, parents[best])  # closed under parents: every one is found
     # a DraftTree is a host value (the engine, controllers and acceptance read it in Python): moved here
+    node_features = None
+    if features is not None:
+        node_features = torch.cat([features.new_zeros(1, features.shape[1]), features[best]]).float().cpu()
     return DraftTree(
         torch.cat([torch.tensor([root_token]), d2t[ids[best]].cpu()]),
         torch.cat([torch.tensor([-1]), new_parents.cpu()]),
         torch.cat([torch.zeros(1), scores[best].float().cpu()]),
+        node_features=node_features,
     )

@@ -319,7 +319,10 @@ def _reference_tree(target: TargetModel, head: EagleHead, prompt: torch.Tensor, 
     ids = torch.cat(tokens)
     ids[1:] = head.draft_to_target[ids[1:]]
     ids[0] = int(prompt[-1])
-    return DraftTree(ids, torch.cat(parents), all_scores).subtree(torch.cat([torch.tensor([0]), keep]))
+    all_parents = torch.cat(parents)
+    # each node's parent's h, as this forward computed it (every node's parent was expanded)
+    parent_h = torch.stack([torch.zeros_like(h_root)] + [h_of[int(p)] for p in all_parents[1:]])
+    return DraftTree(ids, all_parents, all_scores, node_features=parent_h).subtree(torch.cat([torch.tensor([0]), keep]))
 
 
 @pytest.mark.parametrize("budget", [TreeBudget(60, 5, 10), TreeBudget(8, 5, 10), TreeBudget(16, 4, 6), TreeBudget(30, 6, 3)])
@@ -336,6 +339,57 @@ def test_drafts_match_the_hf_forward_reference_for_a_saved_head(qwen, tmp_path, 
         reference = _reference_tree(target, loaded, prompt, budget, sampling)
     assert torch.equal(tree.tokens, reference.tokens) and torch.equal(tree.parents, reference.parents)
     assert torch.allclose(tree.scores, reference.scores, atol=1e-5)
+
+
+@pytest.mark.parametrize("budget", [TreeBudget(60, 5, 10), TreeBudget(8, 5, 10), TreeBudget(30, 6, 3), TreeBudget(1, 1, 1)])
+@pytest.mark.parametrize("sampling", [SamplingConfig(), SamplingConfig(1.0)])
+def test_node_features_are_the_parents_head_output(qwen, budget, sampling):
+    """Asked for, every node carries the h its parent's head forward computed (the HF-module
+    reference's, within float rounding), the root zeros; the tree is otherwise the same tree."""
+    target, head = qwen
+    prompt = _prompt(seed=8)
+    asked = budget.with_node_features(True)
+    tree = _propose(_begun(target, head, prompt), int(prompt[-1]), asked, sampling)
+    with torch.no_grad():
+        reference = _reference_tree(target, head, prompt, budget, sampling)
+    assert torch.equal(tree.tokens, reference.tokens) and torch.equal(tree.parents, reference.parents)
+    assert tree.node_features.shape == (len(tree), head.config.hidden_size)
+    assert torch.count_nonzero(tree.node_features[0]) == 0
+    assert torch.allclose(tree.node_features, reference.node_features, atol=1e-5)
+    plain = _propose(_begun(target, head, prompt), int(prompt[-1]), budget, sampling)
+    assert plain.node_features is None
+    assert torch.equal(plain.tokens, tree.tokens) and torch.equal(plain.parents, tree.parents)
+    assert torch.equal(plain.scores, tree.scores)
+
+
+def test_sampled_trees_carry_node_features_with_their_proposals(qwen):
+    target, head = qwen
+    prompt = _prompt(seed=3)
+    budget = TreeBudget(20, 4, 4, sampled=True)
+    trees = [_begun(target, head, prompt).propose([int(prompt[-1])], b, [4], SamplingConfig(1.0),
+                                                  torch.Generator().manual_seed(5))[0]
+             for b in (budget, budget.with_node_features(True))]
+    plain, featured = trees
+    assert featured.sampled and featured.node_features is not None and plain.node_features is None
+    for field in ("tokens", "parents", "scores", "proposals", "draw_rank"):
+        assert torch.equal(getattr(plain, field), getattr(featured, field)), field
+    kept = featured.subtree([0] + featured.children(0))
+    assert torch.equal(kept.node_features, featured.node_features[[0] + featured.children(0)])
+
+
+def test_greedy_decoding_is_unchanged_by_asking_for_node_features(qwen):
+    from moe_spec.policy.static import StaticController
+
+    target, head = qwen
+    prompt = _prompt(10, seed=4)
+    outputs = []
+    for asked in (False, True):
+        controller = StaticController(TreeBudget(16, 4, 4).with_node_features(asked))
+        drafter = EagleDrafter(head, target)
+        outputs.append(SpecDecoder(target, drafter, controller).generate(prompt[None], max_new_tokens=20,
+                                                                         eos_token_id=[]).sequences)
+    plain = SpecDecoder(target).generate(prompt[None], max_new_tokens=20, eos_token_id=[]).sequences
+    assert torch.equal(outputs[0], plain) and torch.equal(outputs[1], plain)
 
 
 # -- a batch: each row gets the tree it gets alone ---------------------------------------------------
@@ -419,6 +473,20 @@ def test_all_rows_share_one_head_forward_per_depth(qwen):
     # depths 2..5 each expand at most `branching` nodes per row, padded to the widest row
     assert 0 < batch.rows_drafted - before <= 4 * 10 * len(LENGTHS)
     assert 0 < len(calls) <= 4 and all(m <= 10 for m in calls)
+
+
+def test_each_rows_node_features_are_those_it_gets_alone(qwen):
+    target, head = qwen
+    prompts = _prompts(seed=5)
+    batch, singles = _batch_and_alone(target, head, prompts)
+    budget, greedy = TreeBudget(12, 4, 3, node_features=True), SamplingConfig()
+    roots = [int(p[-1]) for p in prompts]
+    batched = batch.propose(roots, budget, [4, 2, 4], greedy)
+    alone = [_alone(d, r, budget, depth, greedy) for d, r, depth in zip(singles, roots, [4, 2, 4])]
+    _assert_same_trees(batched, alone)
+    for mine, theirs in zip(batched, alone):
+        assert mine.node_features.shape == theirs.node_features.shape
+        assert torch.allclose(mine.node_features, theirs.node_features, atol=1e-5)
 
 
 def test_a_one_token_prompt_beside_longer_ones(qwen):
