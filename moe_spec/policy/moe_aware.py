@@ -12,28 +12,35 @@ from moe_spec.core.step_record import StepRecord
 from moe_spec.policy.candidate_scheme import CandidateScheme, drawn
 from moe_spec.policy.online_correction import DraftCostTracker, ThroughputTracker
 from moe_spec.policy.profiled import ProfiledController
-from moe_spec.policy.selection import StepPrices, best_first_forest
+from moe_spec.policy.selection import StepPrices, grow_forest
 
 
 class MoeAwareController(ProfiledController):
     """moe_spec's policy: best-first subtree over the whole candidate tree, each node priced by
     the experts it newly activates (see `selection.py`); no speculation when that wins.
 
-    The candidate tree is sized by the same economics: the drafter expands `candidate_growth` times
-    as many nodes per row as recent steps chose to verify (at least `candidate_min`; starting from
-    10 nodes, 4 deep), as deep as they went, and one level deeper when a recent choice used the
-    candidates' last level (so deeper trees are explored where they might pay, and no level is
-    drafted every step only to be dropped). Selection prices drafting by depth (see `selection.py`),
-    so a generous candidate tree does not inflate the next one. Drafting pauses (probing every
-    `probe_every` steps) when several steps in a row chose plain decoding, or when the *measured*
+    Each step makes two choices from one best-first growth (`selection.grow_forest`): the size of
+    the next candidate tree, from the set of best throughput with its drafting priced by the depth
+    it needs (`draft_costs`, measured online: a fixed part and a part per head forward), and what to
+    verify of the candidates already drafted, whose drafting is spent: every node whose value pays
+    for its own verify time at that set's rate. The drafter expands `candidate_growth` times as many
+    nodes per row as recent sized choices (at least `candidate_min`; starting from 8 nodes, 3 deep),
+    as deep as they went, and one level deeper when a recent choice used the candidates' last level
+    (so deeper trees are explored where they might pay, and no level is drafted every step only to
+    be dropped).
+
+    The profile's verify prices are scaled online by the measured speed of the machine
+    (`CostCorrection`). Drafting pauses (probing every `probe_every` steps) when the *measured*
     throughput of speculative steps (tokens per ms of draft + plan + verify, a moving average) falls
-    below that of plain steps: the measurement covers what the model cannot see, such as the
-    drafter's and the controller's own time.
+    below that of plain steps, measured, or predicted by the scaled cost model until one is: the
+    measurement covers what the model cannot see, such as the drafter's and the controller's own
+    time. Without online measurements (`adapt=False`, a replay) the model's verdict pauses drafting
+    instead, after `recent_steps` sized choices of no node.
 
     With the experts offloaded, `residency` (a callable returning the cache's [L, E] resident
     experts, read at decision time) lets selection price each node's non-resident experts as
     fetches under the profile's fetch cost; `price_residency=False` is the ablation that prices
-    compute only (its online cost offset still learns the average fetch time).
+    compute only (its online cost scale still learns the average fetch time).
     """
 
     name = "moe-aware"
@@ -51,6 +58,8 @@ class MoeAwareController(ProfiledController):
         self.recent_steps = recent_steps
         self.probe_every = probe_every
         self._default = EAGLE2_BUDGET
+        self._asked = EAGLE2_BUDGET  # the candidate tree last asked for
+        self._plain_profiled_ms: float | None = None  # the profile's plain step, computed once
         self._fresh_history()
 
     def _fresh_history(self) -> None:
@@ -74,38 +83,64 @@ class MoeAwareController(ProfiledController):
         probs = self._expert_probs(candidates) if self.price_experts else None
         row_probs = probs.split(candidates.sizes.tolist(), dim=1) if probs is not None else [None] * candidates.rows
         prices = [StepPrices(values, p) for values, p in zip(self.values_of(candidates), row_probs)]  # p: [L, N_b, E]
-        self.draft_costs.update(candidates.max_depth, draft_ms)
+        self.draft_costs.update(self._forwards_run(candidates), draft_ms)
         fixed_ms, depth_ms = self.draft_costs.estimate()
         residency = self.residency() if probs is not None and self._prices_fetches() else None  # [L, E] bool, exact now
-        keeps = best_first_forest(candidates, prices, self.cost_model(), depth_ms, draft_fixed_ms=fixed_ms,
-                                  residency=residency)
-        chosen = candidates.subforest(keeps)
-        edge = chosen.max_depth >= candidates.max_depth or chosen.num_drafted >= candidates.num_drafted
-        self._recent.append((max(t.num_drafted for t in chosen), chosen.max_depth, edge))
-        if chosen.num_drafted:
+        # a set d levels deep needs d + 1 head forwards (the last finds nothing better to keep)
+        growth = grow_forest(candidates, prices, self.cost_model(), depth_ms, draft_fixed_ms=fixed_ms + depth_ms,
+                             residency=residency)
+        nodes, depth = growth.sized_shape()
+        edge = depth >= candidates.max_depth or growth.best_size >= candidates.num_drafted
+        self._recent.append((nodes, depth, edge))
+        if nodes:
             self._plain_steps = 0
         if drawn(candidates):  # no cut of a sampled tree is exact: the choice sizes the next one only
             return StepPlan(candidates, self._next_budget())
-        return StepPlan(chosen, self._next_budget())
+        return StepPlan(candidates.subforest(growth.verified_when_drafted()), self._next_budget())
 
     def observe(self, record: StepRecord) -> None:
         self.rates.update(record.speculated, record.tokens_produced, record.draft_ms + record.plan_ms + record.verify_ms)
-        if self.adapt:  # plain passes measure the fixed cost too
-            misses = record.fetch.per_layer_misses if record.fetch is not None and self._prices_fetches() else None
-            self.cost_correction.update(self.predicted_verify_ms(record.verified, misses=misses), record.verify_ms)
+        if self.adapt:  # plain passes measure the machine's speed too
+            compute_ms = self.predicted_verify_ms(record.verified)
+            fetch_ms = 0.0
+            if record.fetch is not None and self._prices_fetches():  # measured on the store: not scaled
+                fetch_ms = self.predicted_verify_ms(record.verified, misses=record.fetch.per_layer_misses) - compute_ms
+            self.cost_correction.update(compute_ms, record.verify_ms - fetch_ms)
         if self.adapt and record.speculated:
             self._learn_acceptance(record)
+
+    def _forwards_run(self, candidates: StepForest) -> int:
+        """Head forwards past the root pair's that drafting these candidates took: EAGLE-2's growth
+        expands one level past the deepest kept node to find nothing there beats what it keeps
+        (unless the budget's depth stopped it, or one node was all it could keep)."""
+        depth = candidates.max_depth
+        budget = self._asked
+        return depth + (depth < budget.max_depth and budget.max_nodes > 1)
+
+    def _plain_ms(self) -> float:
+        """A plain step's predicted time (the profile's, at the speed measured since): what the gate
+        compares speculation with before a plain step has been measured."""
+        if self._plain_profiled_ms is None:
+            cost = self.profile.cost_model
+            experts = [float(self.profile.fingerprint["top_k"])] * cost.num_layers  # one token: K per layer
+            self._plain_profiled_ms = cost.predict_ms(1, experts)
+        return self._plain_profiled_ms * (self.cost_correction.scale if self.adapt else 1.0)
 
     def _prices_fetches(self) -> bool:
         return self.price_experts and self.price_residency and self.residency is not None
 
     def _next_budget(self) -> TreeBudget:
         """The candidate tree to draft next, from the recent choices and measured rates."""
+        self._asked = self._budget_after()
+        return self._asked
+
+    def _budget_after(self) -> TreeBudget:
         default = self._default
-        if self.adapt and self.rates.plain is None and self.rates.speculative_steps == 2:
-            return NO_DRAFT  # one plain step early on, to measure what it costs
+        # without online measurements (a replay) the model's verdict pauses drafting; with them, the
+        # measured rates do: the model's zero-node choices over a few steps of bad luck paused
+        # drafting where speculation was measured to pay (1.35x ar against 1.41x, shipped set)
         chose_plain = len(self._recent) == self.recent_steps and all(nodes == 0 for nodes, _, _ in self._recent)
-        if chose_plain or (self.adapt and self.rates.speculation_loses()):
+        if (chose_plain and not self.adapt) or (self.adapt and self.rates.speculation_loses(self._plain_ms())):
             self._plain_steps += 1
             if self._plain_steps % self.probe_every:
                 return NO_DRAFT  # speculation has not paid lately: skip drafting

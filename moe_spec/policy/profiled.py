@@ -7,7 +7,6 @@ comparing them isolates what expert pricing and global best-first selection add.
 
 from __future__ import annotations
 
-from dataclasses import replace
 
 import numpy as np
 import torch
@@ -81,7 +80,7 @@ class ProfiledController:
         base = self.profile.cost_model
         if not self.adapt:
             return base
-        return replace(base, base_ms=max(base.base_ms + self.cost_correction.offset_ms, 0.0))
+        return base.scaled(self.cost_correction.scale)
 
     def _learn_acceptance(self, record: StepRecord) -> None:
         drafted = [b for b, tree in enumerate(record.verified) if tree.num_drafted]

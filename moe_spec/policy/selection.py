@@ -13,16 +13,22 @@ one sequence; a batch's B rows share one pass, one t and one set of loaded exper
 tokens the pass computes (B times the widest row: rows are padded). The controller maximises the
 step's throughput (B + V(S)) / (d(S) + t(S)).
 
-The draft time is priced by the depth S needs rather than taken as the (already spent) time of
-drafting the candidates: maximising a ratio with a sunk cost in the denominator favours larger
-trees the larger the sunk cost, so a generous candidate tree would talk the controller into
-verifying more of it, and the next candidate tree, sized from what was verified, would grow again.
+A step makes two decisions with these prices (`grow_forest` serves both from one growth):
+- what to draft next: the set S* of best (B + V) / (d + t), its draft time priced by the depth it
+  needs (`ForestGrowth.sized`); its rate r* = (B + V(S*)) / (d(S*) + t(S*)) is what a well-sized
+  step makes of a millisecond;
+- what to verify of the candidates already drafted: their drafting is spent whatever is verified,
+  so S maximises V(S) - r* t(S) (`ForestGrowth.verified_when_drafted`): a node is verified when its
+  value pays for its verify time at the rate steps make. Pricing the spent drafting in (sizing's
+  objective) discards drafted nodes that would pay; maximising this step's own ratio with the spent
+  time in the denominator favours larger sets the more was spent, and the next candidate tree,
+  sized from them, would grow again.
 
 Adding node j raises the value by v_j and the time by the experts it adds that S does not load
 yet, sum_l per_expert_ms[l] * sum_e p_{l,j,e} * prod_{i in S} (1 - p_{l,i,e}), plus B tokens if
-it widens the pass and depth_ms if it is deeper than S. `best_first_forest` grows S from the
+it widens the pass and depth_ms if it is deeper than S. `grow_forest` grows S from the
 roots, each time adding the frontier node with the best marginal value per marginal millisecond,
-over the whole trees at once (no per-depth top-k), and returns the best set seen along the way;
+over the whole trees at once (no per-depth top-k), and keeps what each set along the way is worth;
 unlike stopping at the first node that does not pay, this also finds sets where a node only pays
 together with its children.
 
@@ -152,10 +158,70 @@ def best_first_forest(
     draft_fixed_ms: float = 0.0,
     residency: torch.Tensor | None = None,
 ) -> list[list[int]]:
+    """Each row's chosen node indices, root first: `grow_forest(...).sized()`."""
+    return grow_forest(trees, prices, cost, depth_ms, max_nodes, patience, draft_fixed_ms, residency).sized()
+
+
+@dataclass
+class ForestGrowth:
+    """What best-first growth saw: the nodes in the order it added them and, after each, the
+    expected tokens and the predicted verify and draft times of the set so far (entry 0: the roots
+    alone)."""
+
+    forest: StepForest
+    order: list[int]  # forest node indices, in the order growth added them
+    value: np.ndarray  # [K + 1] expected tokens of the first k added nodes (every row's bonus token included)
+    verify_ms: np.ndarray  # [K + 1] predicted verify time of those sets
+    draft_ms: np.ndarray  # [K + 1] the draft time their depth needs
+    best_size: int  # nodes of the set of best (B + V) / (d + t): what drafting *and* verifying should aim at
+
+    @property
+    def best_rate(self) -> float:
+        """Expected tokens per ms of the best set, its drafting priced."""
+        return throughput(float(self.value[self.best_size]), float(self.draft_ms[self.best_size]),
+                          float(self.verify_ms[self.best_size]))
+
+    def sized_shape(self) -> tuple[int, int]:
+        """(most nodes in one row, deepest depth) of the best set: what the next draft is sized
+        from, without building its subtrees."""
+        chosen = np.asarray(self.order[:self.best_size], dtype=np.int64)
+        if not len(chosen):
+            return 0, 0
+        return int(np.bincount(self.forest.row_of[chosen]).max()), int(self.forest.depths[chosen].max())
+
+    def sized(self) -> list[list[int]]:
+        """Each row's nodes (root first) of the best set, drafting priced: the size to draft next."""
+        return self._rows(self.best_size)
+
+    def verified_when_drafted(self, rate: float | None = None) -> list[list[int]]:
+        """Each row's nodes (root first) to verify now that the candidates are drafted: their
+        drafting is spent whatever is verified, so a node is worth its verify time alone. The step
+        keeps the prefix of the growth order maximising V - rate * t, `rate` being what the decoder
+        makes of a millisecond elsewhere (default: `best_rate`, the rate of the best-sized step).
+        Maximising this step's own ratio instead, (B + V) / (d + t) with d spent, would verify more
+        the more was spent on drafting, and the next candidate tree, sized from what is verified,
+        would grow again."""
+        rate = self.best_rate if rate is None else rate
+        size = int(np.argmax(self.value - rate * self.verify_ms))  # first maximum: the smaller set
+        return self._rows(max(size, self.best_size))
+
+    def _rows(self, size: int) -> list[list[int]]:
+        return [[0] + row for row in self.forest.local(self.order[:size])]
+
+
+def grow_forest(
+    trees,
+    prices: list[StepPrices],
+    cost: CostModel,
+    depth_ms: float,
+    max_nodes: int | None = None,
+    patience: int | None = None,
+    draft_fixed_ms: float = 0.0,
+    residency: torch.Tensor | None = None,
+) -> ForestGrowth:
     """Best-first growth over the B rows' trees (a `StepForest` or a list of trees) verified in one
-    pass (B = 1: one sequence). Every row's root is mandatory, all rows share one verify time, and
-    a node's expert price counts only experts that no chosen node of *any* row loads yet. Returns
-    each row's chosen node indices, root first.
+    pass (B = 1: one sequence), as a `ForestGrowth`. Every row's root is mandatory, all rows share one verify time, and
+    a node's expert price counts only experts that no chosen node of *any* row loads yet.
 
     The pass is padded (`StepForest.width`): it computes B * W tokens, W the widest row's size, and
     padding loads no expert. So a node in a row narrower than W fills a slot the pass computes
@@ -187,6 +253,7 @@ def best_first_forest(
     limit = n - batch if max_nodes is None else min(max_nodes, n - batch)
     patience = 11 + batch if patience is None else patience
     chosen: list[int] = []
+    history = [(grown.value, grown.verify_ms, grown.draft_ms)]  # after 0, 1, ... added nodes
     best_rate, best_size, stale = grown.rate(), 0, 0  # stale: changes since the best set
     is_root = parents < 0
     in_frontier = np.zeros(n, dtype=bool)
@@ -213,9 +280,11 @@ def best_first_forest(
         in_frontier[node] = False
         in_frontier[children[node]] = True
         stale += 1
+        history.append((grown.value, grown.verify_ms, grown.draft_ms))
         if grown.rate() > best_rate:
             best_rate, best_size, stale = grown.rate(), len(chosen), 0
-    return [[0] + row for row in forest.local(chosen[:best_size])]
+    value, verify_ms, draft_ms = (np.array(column) for column in zip(*history))
+    return ForestGrowth(forest, chosen, value, verify_ms, draft_ms, best_size)
 
 
 def _next_node(frontier: np.ndarray, grown: _Growth, values: np.ndarray, expert_ms: np.ndarray, depths: np.ndarray,

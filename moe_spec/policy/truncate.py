@@ -65,11 +65,11 @@ class TruncateController(ProfiledController):
         candidates = StepForest.of(candidates)
         if candidates.num_drafted == 0 or drawn(candidates):  # sampled trees: no cut is exact
             return StepPlan(candidates, self.budget)
-        offset = self.cost_correction.offset_ms if self.adapt else 0.0
+        scale = self.cost_correction.scale if self.adapt else 1.0
         rows = candidates.rows
 
         def row_share_ms(tokens: int) -> float:
-            return max(self.token_cost(rows * tokens, rows) + offset, 0.0) / rows
+            return scale * self.token_cost(rows * tokens, rows) / rows
 
         keeps = [best_prefix_by_score(tree, values, row_share_ms, draft_ms / rows)
                  for tree, values in zip(candidates, self.values_of(candidates))]

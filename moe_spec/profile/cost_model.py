@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
@@ -73,6 +73,12 @@ class CostModel:
     def expert_weights(self) -> np.ndarray:
         """[L] ms per unique expert in each MoE layer."""
         return np.broadcast_to(np.asarray(self.per_expert_ms, dtype=np.float64), (self.num_layers,))
+
+    def scaled(self, factor: float) -> "CostModel":
+        """Every compute term times `factor` (a machine running at another speed than profiled);
+        the fetch cost, measured on the tier itself, unchanged."""
+        return replace(self, base_ms=self.base_ms * factor, per_token_ms=self.per_token_ms * factor,
+                       per_row_ms=self.per_row_ms * factor, per_expert_ms=tuple(v * factor for v in self.per_expert_ms))
 
     def fixed_ms(self, rows: int = 1) -> float:
         """The part of a pass of `rows` rows that depends on neither tokens nor experts."""

@@ -140,12 +140,14 @@ def test_batched_predictions_and_corrections_carry_the_row_term():
     plain, rowed = MoeAwareController(profile), MoeAwareController(with_rows)
     assert rowed.predicted_verify_ms(trees) - plain.predicted_verify_ms(trees) == pytest.approx(2 * 5.0)
     assert rowed.predicted_verify_ms(trees[:1]) == pytest.approx(plain.predicted_verify_ms(trees[:1]))
-    rowed.cost_correction.update(1.0, 1.5)  # measured 0.5 ms over the prediction
-    offset = rowed.cost_correction.offset_ms
-    assert offset > 0
-    assert rowed.cost_model().per_row_ms == pytest.approx(5.0), "marginal prices stay as profiled"
-    assert rowed.cost_model().per_token_ms == pytest.approx(with_rows.cost_model.per_token_ms)
-    assert rowed.cost_model().base_ms == pytest.approx(with_rows.cost_model.base_ms + offset)
+    rowed.cost_correction.update(1.0, 1.5)  # measured 1.5x the prediction: the machine runs slower
+    scale = rowed.cost_correction.scale
+    assert 1.0 < scale < 1.5, "one pass moves the scale part of the way"
+    corrected = rowed.cost_model()
+    assert corrected.per_row_ms == pytest.approx(5.0 * scale), "every term scales with the machine's speed"
+    assert corrected.per_token_ms == pytest.approx(with_rows.cost_model.per_token_ms * scale)
+    assert corrected.base_ms == pytest.approx(with_rows.cost_model.base_ms * scale)
+    assert corrected.per_expert_ms == pytest.approx(tuple(v * scale for v in with_rows.cost_model.per_expert_ms))
 
 
 def test_truncate_prices_a_batch_with_the_row_term_and_learns_from_the_whole_pass():
@@ -171,7 +173,7 @@ def test_truncate_prices_a_batch_with_the_row_term_and_learns_from_the_whole_pas
     controller = TruncateController(dear_rows, dear_cost)
     measured = dear_cost(len(trees) * max(len(t) for t in trees), len(trees))  # a padded pass
     controller.observe(_record(trees, [Acceptance([0, 1], 5) for _ in trees], measured, 1.0))
-    assert controller.cost_correction.offset_ms == pytest.approx(0.0)
+    assert controller.cost_correction.scale == pytest.approx(1.0)
 
 
 def test_values_of_a_batch_equal_each_trees_values(profiled):
@@ -242,9 +244,10 @@ def test_candidate_trees_go_deeper_only_after_a_choice_used_their_last_level(pro
     controller._recent.append((3, 3, True))  # a choice reached the candidates' last level
     assert controller._next_budget().max_depth == 4
     plan = controller.plan(StepForest((chain,)), draft_ms=1.0)
-    chosen = plan.verify[0]
-    edge = controller._recent[-1][2]
-    assert edge == (int(chosen.depths.max()) == 3)
+    verified = plan.verify[0]
+    sized_nodes, sized_depth, edge = controller._recent[-1]
+    assert edge == (sized_depth == 3), "the edge is the sized choice's, not the verified set's"
+    assert int(verified.depths.max()) >= sized_depth, "drafted nodes are verified at least as deep as sized"
 
 
 def _record(trees: list[DraftTree], acceptances: list[Acceptance], verify_ms: float, draft_ms: float) -> StepRecord:
@@ -257,12 +260,41 @@ def _record(trees: list[DraftTree], acceptances: list[Acceptance], verify_ms: fl
 def test_the_plan_budgets_the_next_candidates_and_observing_needs_no_flag(profiled):
     """Every step is one plan and one observe: a plain step (nothing drafted) is planned too."""
     _, _, profile = profiled
-    controller = MoeAwareController(profile, recent_steps=2)
-    first = controller.begin(TreeBudget(60, 5, 10))
-    assert first.max_nodes > 0
-    root = DraftTree.root_only(3)
-    for _ in range(2):
-        plan = controller.plan(StepForest((root,)), draft_ms=0.0)
-        assert len(plan.verify[0]) == 1
-        controller.observe(_record([root], [Acceptance([0], 4)], 10.0, 0.0))
-    assert controller._next_budget().drafts_nothing, "two plain choices in a row pause drafting"
+    for adapt in (False, True):
+        controller = MoeAwareController(profile, recent_steps=2, adapt=adapt)
+        first = controller.begin(TreeBudget(60, 5, 10))
+        assert first.max_nodes > 0
+        root = DraftTree.root_only(3)
+        for _ in range(2):
+            plan = controller.plan(StepForest((root,)), draft_ms=0.0)
+            assert len(plan.verify[0]) == 1
+            controller.observe(_record([root], [Acceptance([0], 4)], 10.0, 0.0))
+        # without measurements the model's plain choices pause drafting; with them only measured rates do
+        assert controller._next_budget().drafts_nothing == (not adapt), f"adapt={adapt}"
+
+
+def test_the_cost_correction_learns_the_machines_speed_and_is_bounded():
+    from moe_spec.policy.online_correction import CostCorrection
+
+    correction = CostCorrection()
+    for _ in range(30):
+        correction.update(10.0, 22.0)  # every pass 2.2x its prediction
+    assert correction.scale == pytest.approx(2.2, rel=1e-3)
+    correction.update(10.0, 0.0)  # a pass without a time teaches nothing
+    assert correction.scale == pytest.approx(2.2, rel=1e-3)
+    for _ in range(30):
+        correction.update(1.0, 1e6)
+    assert correction.scale == pytest.approx(correction.high)
+
+
+def test_the_gate_compares_with_a_predicted_plain_step_until_one_is_measured():
+    from moe_spec.policy.online_correction import ThroughputTracker
+
+    rates = ThroughputTracker()
+    for _ in range(rates.min_speculative_steps):
+        rates.update(True, 2, 50.0)  # 0.04 tokens per ms
+    assert rates.speculation_loses(plain_ms=20.0), "a 20 ms plain step (0.05/ms) beats it"
+    assert not rates.speculation_loses(plain_ms=30.0)
+    assert not rates.speculation_loses(), "nothing to compare with"
+    rates.update(False, 1, 30.0)  # measured plain steps replace the prediction
+    assert not rates.speculation_loses(plain_ms=20.0)

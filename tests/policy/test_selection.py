@@ -4,6 +4,7 @@ import itertools
 import random
 
 import numpy as np
+import pytest
 import torch
 
 from moe_spec.profile.cost_model import CostModel
@@ -12,6 +13,7 @@ from moe_spec.policy.selection import (
     best_first_forest,
     best_first_subtree,
     best_prefix_by_score,
+    grow_forest,
     subset_objective,
     subset_verify_ms,
     throughput,
@@ -256,3 +258,37 @@ def test_dearer_drafting_verifies_shallower_trees():
     cost = CostModel(base_ms=10.0, per_token_ms=0.2, per_expert_ms=(0.0,), num_layers=0)
     depths = [len(best_first_subtree(chain, StepPrices(values, None), cost, depth_ms)) - 1 for depth_ms in (0.1, 2.0, 8.0)]
     assert depths[0] > depths[1] > depths[2]
+
+
+def test_drafted_nodes_are_verified_when_their_value_pays_for_their_verify_time_alone():
+    """Drafting that was too dear to size a tree for is spent once the candidates exist: the verify
+    choice keeps what pays at the step rate, V - r* t over the growth order, against brute force."""
+    chain = DraftTree.from_lists(list(range(6)), [-1, 0, 1, 2, 3, 4])
+    values = torch.tensor([1.0, 0.9, 0.8, 0.7, 0.05, 0.04], dtype=torch.float64)
+    cost = CostModel(base_ms=10.0, per_token_ms=0.5, per_expert_ms=(0.0,), num_layers=0)
+    prices = StepPrices(values, None)
+    growth = grow_forest([chain], [prices], cost, depth_ms=20.0)
+    assert growth.sized() == [[0]], "at 20 ms a level, drafting does not pay"
+    rate = growth.best_rate  # a plain step: 1 token per 10.5 ms
+    assert rate == pytest.approx(1 / 10.5)
+    verified = growth.verified_when_drafted()[0]
+    # brute force over the chain's prefixes: maximise V - rate * t with drafting spent
+    best = max(range(6), key=lambda k: (float(values[1:k + 1].sum()) - rate * (10.0 + 0.5 * (k + 1)), -k))
+    assert verified == list(range(best + 1))
+    assert verified == [0, 1, 2, 3, 4, 5][:len(verified)] and 4 <= len(verified) < 6, \
+        "the three likely nodes pay for 0.5 ms each, the unlikely tail does not all pay"
+    cheap = grow_forest([chain], [prices], cost, depth_ms=0.01)
+    assert cheap.verified_when_drafted() == [sorted(set(cheap.sized()[0]) | set(cheap.verified_when_drafted()[0]))], \
+        "what sizing keeps is verified too"
+
+
+def test_the_growth_records_each_set_it_passed_through():
+    rng = random.Random(3)
+    tree, prices, cost, depth_ms = _random_case(rng, 7)
+    growth = grow_forest([tree], [prices], cost, depth_ms)
+    assert len(growth.value) == len(growth.verify_ms) == len(growth.draft_ms) == len(growth.order) + 1
+    for size in range(len(growth.order) + 1):
+        keep = [0] + sorted(growth.order[:size])
+        assert growth.verify_ms[size] == pytest.approx(subset_verify_ms(cost, keep, prices.expert_probs))
+        assert growth.value[size] == pytest.approx(1.0 + float(prices.values[keep[1:]].sum()))
+    assert growth.sized() == best_first_forest([tree], [prices], cost, depth_ms)
