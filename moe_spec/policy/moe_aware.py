@@ -96,7 +96,10 @@ class MoeAwareController(ProfiledController):
             self._plain_steps = 0
         if drawn(candidates):  # no cut of a sampled tree is exact: the choice sizes the next one only
             return StepPlan(candidates, self._next_budget())
-        return StepPlan(candidates.subforest(growth.verified_when_drafted()), self._next_budget())
+        verified = growth.verified_when_drafted()
+        if sum(map(len, verified)) == candidates.num_nodes:  # every drafted node pays: nothing to cut
+            return StepPlan(candidates, self._next_budget())
+        return StepPlan(candidates.subforest(verified), self._next_budget())
 
     def observe(self, record: StepRecord) -> None:
         self.rates.update(record.speculated, record.tokens_produced, record.draft_ms + record.plan_ms + record.verify_ms)

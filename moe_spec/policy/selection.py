@@ -291,10 +291,13 @@ def _next_node(frontier: np.ndarray, grown: _Growth, values: np.ndarray, expert_
                row_of: np.ndarray, cost: CostModel, depth_ms: float, draft_fixed_ms: float) -> tuple[int, bool] | None:
     """The frontier node of best value per marginal ms, and whether it fills a slot the pass
     computes anyway; None when no frontier node is eligible."""
-    room = grown.sizes[row_of[frontier]] < grown.width  # the node fills a slot the pass computes anyway
     deeper_ms = depth_ms * np.maximum(depths[frontier] - grown.deepest, 0)  # drafting one more depth
     if grown.deepest == 0:
         deeper_ms = deeper_ms + draft_fixed_ms  # the first drafted node pays for drafting at all
+    if len(grown.sizes) == 1:  # one row: every node widens the pass (the common case, kept short)
+        pick = int(np.argmax(values[frontier] / np.maximum(expert_ms[frontier] + cost.per_token_ms + deeper_ms, 1e-9)))
+        return int(frontier[pick]), False
+    room = grown.sizes[row_of[frontier]] < grown.width  # the node fills a slot the pass computes anyway
     # a free slot's node is only worth it if it raises the throughput by itself
     eligible = ~room | (values[frontier] > grown.rate() * (expert_ms[frontier] + deeper_ms))
     if not eligible.any():
