@@ -148,7 +148,9 @@ class MoeAwareController(ProfiledController):
             if self._plain_steps % self.probe_every:
                 return NO_DRAFT  # speculation has not paid lately: skip drafting
         if len(self._recent) < self.recent_steps:
-            return self._sized(default, 8, 3)
+            # sampled trees are verified whole: start them small (a 10-node sampled tree cost twice a
+            # plain step at T = 1 on the shipped prompts, where 2-node ones paid 1.2x)
+            return self._sized(default, self.sampled_min, 2) if self.sampled else self._sized(default, 8, 3)
         nodes = max(nodes for nodes, _, _ in self._recent)
         depth = max(depth for _, depth, _ in self._recent)
         deeper = any(edge for _, _, edge in self._recent)  # a recent choice used the candidates' last level
