@@ -44,7 +44,14 @@ class ProfiledController:
             self._fresh_corrections()
         self.sampled = resolve_scheme(self.scheme, sampling, self.profile)
         self.calibration = self.profile.calibration_for(sampling, self.sampled)
-        return with_scheme(default, self.sampled)
+        return with_scheme(default, self.sampled).with_node_features(self.wants_node_features)
+
+    @property
+    def wants_node_features(self) -> bool:
+        """The profile prices nodes by the head routing predictor, which reads each node's parent head
+        output: budgets this controller returns ask the drafter for it (`TreeBudget.node_features`)."""
+        head = self.profile.head_routing
+        return head is not None and head.chosen and bool(self.profile.cost_model.num_layers)
 
     def values(self, tree: DraftTree) -> torch.Tensor:
         """[N] calibrated P(on accepted path), corrected per depth, kept non-increasing along paths."""
@@ -109,10 +116,29 @@ class ProfiledController:
     def _expert_probs(self, forest: StepForest) -> torch.Tensor | None:
         """[L, N, E] predicted routing of every row's nodes, in the form the profile found to predict
         unique experts best (0/1 top-K sets or probabilities; probabilities over many nodes
-        overestimate the union); None for a dense target.
+        overestimate the union); None for a dense target. From the head routing predictor's top-K
+        sets when the profile keeps it and the trees carry node features, else the token table.
 
         The one override point for where routing comes from: `experiments/bounds.py`'s replay
         oracle prices each node by the routing its trace recorded instead (bound (b))."""
         if not self.profile.cost_model.num_layers:
             return None
-        return self.profile.priced_experts(forest.tokens)
+        features = _node_features(forest) if self.wants_node_features else None
+        if features is None:  # a drafter that carries none (the lookup drafter), or the table was kept
+            return self.profile.priced_experts(forest.tokens)
+        predictor = self.profile.head_routing.predictor
+        return predictor.predict_onehot(features, forest.tokens, torch.from_numpy(forest.depths), self.profile.expert_table)
+
+
+def _node_features(forest: StepForest) -> torch.Tensor | None:
+    """[N, D] every row's `node_features` side by side (a root-only tree needs none: roots are priced
+    by the table), or None when a drafted tree carries none."""
+    parts = [tree.node_features for tree in forest.trees if tree.node_features is not None]
+    if not parts:
+        return None
+    if len(parts) == forest.rows:
+        return parts[0] if forest.rows == 1 else torch.cat(parts)
+    if any(tree.node_features is None and tree.num_drafted for tree in forest.trees):
+        return None
+    root = parts[0].new_zeros(1, parts[0].shape[1])
+    return torch.cat([tree.node_features if tree.node_features is not None else root for tree in forest.trees])

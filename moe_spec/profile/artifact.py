@@ -1,10 +1,12 @@
 """The profile: what the profiler measured for one target on one machine, versioned, reusable.
 
 A profile is a JSON file plus a sidecar `.npz` with the large arrays (the token-id expert table,
-the expert load and co-activation). The JSON holds the schema version, the target's fingerprint
+the expert load and co-activation, the head routing predictor's weights). The JSON holds the schema version, the target's fingerprint
 (architecture, shapes, dtype, a hash of the weights), the hardware, and one typed section per
 thing a controller reads: the cost model, the acceptance calibration, the expert predictor (with
-its pricing form) and the unique-experts curve. `details` holds the measurements' summaries
+its pricing form), the unique-experts curve and, optionally, the head routing predictor (which
+predicts a draft node's experts from the head's output at its parent, and whether the profile
+keeps it over the token table: `moe_spec.profile.head_routing`). `details` holds the measurements' summaries
 (reports, the latency grid, settings), which no policy reads. The JSON names the sidecar and its sha256.
 
 `Profile.load` raises `ProfileError` with a message naming the problem for a file that is
@@ -37,6 +39,7 @@ from moe_spec.core.sampling import SamplingConfig
 from moe_spec.profile.calibration import AcceptanceCalibration
 from moe_spec.profile.sampling_acceptance import SchemeChoice, SettingAcceptance, calibration_for, preferred_scheme
 from moe_spec.profile.expert_table import TokenExpertTable
+from moe_spec.profile.head_routing import ARRAY_SHAPES as HEAD_ROUTING_ARRAYS, HeadRouting, HeadRoutingPredictor
 from moe_spec.profile.unique_curve import UniqueExpertsCurve
 from moe_spec.core.routing import find_routers
 from moe_spec.core.target import TargetModel
@@ -45,6 +48,8 @@ from moe_spec.core.target import TargetModel
 # 3: the expert pricing form and the unique-experts curve are typed sections (read from details before)
 SCHEMA_VERSION = 3
 _TABLE_KIND = "token_id_table"
+_HEAD_ROUTING_KIND = "head_routing_linear"
+_HEAD_ROUTING_PREFIX = "head_routing_"
 _HASH_ELEMENTS = 4096  # elements sampled per tensor for the weights hash
 
 
@@ -146,10 +151,14 @@ class Profile:
     schema_version: int = SCHEMA_VERSION
     # acceptance per sampling setting and candidate scheme (empty: only greedy was profiled)
     sampling_acceptance: tuple[SettingAcceptance, ...] = ()
+    # a draft node's experts predicted from the head's output at its parent (None: not fitted)
+    head_routing: HeadRouting | None = None
 
     def __post_init__(self):
         if (self.expert_table is None) != (self.expert_pricing is None):
             raise ValueError("a profile prices experts (expert_pricing) exactly when it has an expert table")
+        if self.head_routing is not None and self.expert_table is None:
+            raise ValueError("a head routing predictor needs the expert table (it prices roots and is blended with it)")
         if self.expert_pricing is not None:
             object.__setattr__(self, "expert_pricing", ExpertPricing(self.expert_pricing))
 
@@ -192,9 +201,11 @@ class Profile:
         path.parent.mkdir(parents=True, exist_ok=True)
         sidecar = path.with_suffix(".npz")
         arrays = self.expert_table.arrays() if self.expert_table is not None else {}
+        if self.head_routing is not None:
+            arrays.update(self.head_routing.predictor.arrays())
         clash = set(arrays) & set(self.arrays)
         if clash:
-            raise ValueError(f"array names {sorted(clash)} are reserved for the expert predictor")
+            raise ValueError(f"array names {sorted(clash)} are reserved for the expert predictors")
         arrays.update(self.arrays)
         buffer = io.BytesIO()
         np.savez_compressed(buffer, **arrays)
@@ -213,6 +224,9 @@ class Profile:
             ),
             "unique_experts_curve": self.unique_experts_curve.to_dict() if self.unique_experts_curve is not None else None,
             "sampling_acceptance": [entry.to_dict() for entry in self.sampling_acceptance],
+            **({"head_routing": {"kind": _HEAD_ROUTING_KIND, "keeps": self.head_routing.keeps.value,
+                                 "arrays": sorted(self.head_routing.predictor.arrays()), "report": self.head_routing.report}}
+               if self.head_routing is not None else {}),
             "details": self.details,
             "arrays": {"file": sidecar.name, "sha256": hashlib.sha256(buffer.getvalue()).hexdigest()},
         }
@@ -278,6 +292,7 @@ _MAX_JSON_BYTES = 256 * 2**20
 _MAX_TABLE_BYTES = 32 * 2**30  # the expert table's two [V, L, E] float32 lookups (a 129k-vocabulary,
 #                                58-layer, 256-expert DeepSeek-V3 takes 15 GiB)
 _MAX_EXTRA_ELEMENTS = 2**24  # a sidecar extra beyond [L, E, E] (the co-activation counts)
+_MAX_RANK = 1024  # the head routing predictor's projections (it is fitted at ranks of tens)
 
 
 def _check_shapes(fp: dict, path: Path) -> None:
@@ -338,7 +353,8 @@ def _from_document(document: dict, path: Path) -> Profile:
     curve = UniqueExpertsCurve.from_dict(document["unique_experts_curve"]) if document.get("unique_experts_curve") else None
     if curve is not None and curve.num_layers != num_layers:
         raise ProfileError(f"profile {path}: unique-experts curve has {curve.num_layers} layers, target {num_layers}")
-    extras = {k: v for k, v in arrays.items() if not k.startswith("predictor_")}
+    head_routing = _head_routing(document.get("head_routing"), arrays, fp, path, table)
+    extras = {k: v for k, v in arrays.items() if not k.startswith(("predictor_", _HEAD_ROUTING_PREFIX))}
     details = document.get("details") or {}
     if not isinstance(details, dict):
         raise ProfileError(f"profile {path}: 'details' is not an object")
@@ -346,7 +362,7 @@ def _from_document(document: dict, path: Path) -> Profile:
     if not isinstance(settings, list):
         raise ProfileError(f"profile {path}: 'sampling_acceptance' is not a list")
     return Profile(fp, document["hardware"], cost_model, calibration, table, pricing, curve, details, extras,
-                   int(document["schema_version"]), tuple(SettingAcceptance.from_dict(e) for e in settings))
+                   int(document["schema_version"]), tuple(SettingAcceptance.from_dict(e) for e in settings), head_routing)
 
 
 def _read_sidecar(meta: dict, path: Path, fp: dict) -> dict[str, np.ndarray]:
@@ -388,10 +404,13 @@ _ARRAY_HEADER_READERS = {(1, 0): np.lib.format.read_array_header_1_0, (2, 0): np
 def _expected_arrays(fp: dict) -> dict[str, tuple]:
     """name -> shape of the arrays a sidecar may hold for this fingerprint ("S": any count up to the vocabulary)."""
     layers, experts = len(fp["moe_layers"]), int(fp["num_experts"])
+    letters = {"D": int(fp["hidden_size"]), "V": int(fp["vocab_size"]), "L": layers, "L*E": layers * experts,
+               "R": "R", "Rh": "R"}
     return {
         "predictor_token_ids": ("S",), "predictor_token_totals": ("S",), "predictor_token_counts": ("S", layers, experts),
         "predictor_prior": (layers, experts), "routing_load": (layers, experts),
         "routing_coactivation": (layers, experts, experts),
+        **{name: tuple(letters[letter] for letter in shape) for name, shape in HEAD_ROUTING_ARRAYS.items()},
     }
 
 
@@ -403,9 +422,10 @@ def _check_array(sidecar: Path, key: str, shape: tuple, dtype: np.dtype, expecte
         if math.prod(shape) > _MAX_EXTRA_ELEMENTS:
             raise ProfileError(f"{sidecar}: array {key!r} of shape {shape} is larger than any a profile stores")
         return
-    if len(shape) != len(want) or any(w != "S" and s != w for s, w in zip(shape, want)):
-        raise ProfileError(f"{sidecar}: array {key!r} has shape {shape}, the fingerprint implies "
-                           f"{tuple(w if w != 'S' else 'S' for w in want)}")
+    if len(shape) != len(want) or any(w not in ("S", "R") and s != w for s, w in zip(shape, want)):
+        raise ProfileError(f"{sidecar}: array {key!r} has shape {shape}, the fingerprint implies {want}")
+    if any(w == "R" and not 1 <= s <= _MAX_RANK for s, w in zip(shape, want)):
+        raise ProfileError(f"{sidecar}: array {key!r} has shape {shape}: a rank ('R') must be 1..{_MAX_RANK}")
 
 
 def _read_data(member, shape: tuple, fortran: bool, dtype: np.dtype) -> np.ndarray:
@@ -448,6 +468,32 @@ def _check_table_arrays(arrays: dict, vocab_size: int, path: Path) -> None:
                            f"({sorted(seen)}, vocabulary {vocab_size})")
     if ids.dtype.kind not in "iu" or (len(ids) and (ids.min() < 0 or ids.max() >= vocab_size)) or len(np.unique(ids)) != len(ids):
         raise ProfileError(f"profile {path}: predictor_token_ids must be distinct token ids in 0..{vocab_size - 1}")
+
+
+def _head_routing(section, arrays: dict, fp: dict, path: Path, table: TokenExpertTable | None) -> HeadRouting | None:
+    """The `head_routing` section and its arrays (shapes already checked against the fingerprint,
+    `_check_array`), or None when there is none."""
+    if section is None:
+        return None
+    if not isinstance(section, dict) or section.get("kind") != _HEAD_ROUTING_KIND:
+        kind = section.get("kind") if isinstance(section, dict) else type(section).__name__
+        raise ProfileError(f"profile {path}: unknown head routing predictor kind {kind!r} (expected {_HEAD_ROUTING_KIND!r})")
+    if table is None:
+        raise ProfileError(f"profile {path}: a head routing predictor needs the expert table, which this profile lacks")
+    missing = [name for name in HEAD_ROUTING_ARRAYS if name not in arrays]
+    if missing or sorted(section.get("arrays") or []) != sorted(HEAD_ROUTING_ARRAYS):
+        raise ProfileError(f"profile {path}: the head routing section names arrays {section.get('arrays')!r}; "
+                           f"the sidecar lacks {', '.join(missing) or 'none'} of {sorted(HEAD_ROUTING_ARRAYS)}")
+    keeps = section.get("keeps")
+    if keeps not in ("head", "token_table"):
+        raise ProfileError(f"profile {path}: head_routing.keeps must be 'head' or 'token_table', got {keeps!r}")
+    if not isinstance(section.get("report"), dict):
+        raise ProfileError(f"profile {path}: head_routing.report is not an object")
+    try:
+        predictor = HeadRoutingPredictor.from_arrays(arrays, int(fp["num_experts"]), int(fp["top_k"]))
+    except ValueError as error:
+        raise ProfileError(f"profile {path}: head routing predictor: {error}") from None
+    return HeadRouting(predictor, keeps, section["report"])
 
 
 def _finite(value):
