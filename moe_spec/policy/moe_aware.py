@@ -13,6 +13,7 @@ from moe_spec.policy.candidate_scheme import CandidateScheme, drawn
 from moe_spec.policy.online_correction import DraftCostTracker, ThroughputTracker
 from moe_spec.policy.profiled import ProfiledController
 from moe_spec.policy.selection import StepPrices, grow_forest
+from moe_spec.profile.cost_model import expected_unique_experts
 
 
 class MoeAwareController(ProfiledController):
@@ -60,6 +61,7 @@ class MoeAwareController(ProfiledController):
         self._default = EAGLE2_BUDGET
         self._asked = EAGLE2_BUDGET  # the candidate tree last asked for
         self._plain_profiled_ms: float | None = None  # the profile's plain step, computed once
+        self._verify_probs = None  # (nodes, rows, [L, N, E] or None): the last plan's verified routing
         self._fresh_history()
 
     def _fresh_history(self) -> None:
@@ -95,22 +97,43 @@ class MoeAwareController(ProfiledController):
         if nodes:
             self._plain_steps = 0
         if drawn(candidates):  # no cut of a sampled tree is exact: the choice sizes the next one only
-            return StepPlan(candidates, self._next_budget())
+            return self._planned(candidates, probs)
         verified = growth.verified_when_drafted()
         if sum(map(len, verified)) == candidates.num_nodes:  # every drafted node pays: nothing to cut
-            return StepPlan(candidates, self._next_budget())
-        return StepPlan(candidates.subforest(verified), self._next_budget())
+            return self._planned(candidates, probs)
+        flat = [int(candidates.offsets[row]) + node for row, keep in enumerate(verified) for node in keep]
+        return self._planned(candidates.subforest(verified), probs[:, flat] if probs is not None else None)
+
+    def _planned(self, verify: StepForest, probs) -> StepPlan:
+        """The plan, remembering the verified nodes' predicted routing ([L, N_v, E], or None) for
+        `observe`, which prices the pass it measures without predicting the routing again."""
+        self._verify_probs = (verify.num_nodes, verify.rows, probs)
+        return StepPlan(verify, self._next_budget())
 
     def observe(self, record: StepRecord) -> None:
         self.rates.update(record.speculated, record.tokens_produced, record.draft_ms + record.plan_ms + record.verify_ms)
         if self.adapt:  # plain passes measure the machine's speed too
-            compute_ms = self.predicted_verify_ms(record.verified)
+            compute_ms = self._predicted_compute_ms(record.verified)
             fetch_ms = 0.0
-            if record.fetch is not None and self._prices_fetches():  # measured on the store: not scaled
-                fetch_ms = self.predicted_verify_ms(record.verified, misses=record.fetch.per_layer_misses) - compute_ms
+            fetch = self.profile.cost_model.fetch
+            if record.fetch is not None and fetch is not None and self._prices_fetches():  # measured on the store: not scaled
+                fetch_ms = fetch.total_ms(record.fetch.per_layer_misses)
             self.cost_correction.update(compute_ms, record.verify_ms - fetch_ms)
         if self.adapt and record.speculated:
             self._learn_acceptance(record)
+
+    def _predicted_compute_ms(self, verified: StepForest) -> float:
+        """The profile's (unscaled) compute time of a verified pass: from the routing the plan
+        predicted for it, a one-row plain pass from the cached plain prediction (one token loads
+        exactly K experts per layer), else predicted afresh."""
+        cost = self.profile.cost_model
+        remembered, self._verify_probs = self._verify_probs, None
+        if remembered is not None and remembered[:2] == (verified.num_nodes, verified.rows) and remembered[2] is not None:
+            return cost.predict_ms(verified.pass_tokens, expected_unique_experts(remembered[2]), rows=verified.rows)
+        if verified.rows == 1 and verified.num_nodes == 1:
+            self._plain_ms()  # fills the cache
+            return self._plain_profiled_ms
+        return self.predicted_verify_ms(verified)
 
     def _forwards_run(self, candidates: StepForest) -> int:
         """Head forwards past the root pair's that drafting these candidates took: EAGLE-2's growth
@@ -164,5 +187,8 @@ class MoeAwareController(ProfiledController):
         # same way: a choice made on a tree of the last choice's size alone could only shrink
         floor = self.sampled_min if self.sampled else self.candidate_min
         nodes = min(default.max_nodes, max(floor, round(self.candidate_growth * nodes)))
-        depth = min(default.max_depth, max(depth + deeper, 1))
-        return TreeBudget(nodes, depth, min(default.branching, max(2, -(-nodes // depth))), sampled=self.sampled)
+        # a sampled tree is at least a chain of two: siblings drawn from one q accept less than a
+        # draw from the accepted child's own q (static:2@sampled, a chain, paid 1.3x ar at T = 1)
+        depth = min(default.max_depth, max(depth + deeper, 2 if self.sampled else 1))
+        return TreeBudget(nodes, depth, min(default.branching, max(2, -(-nodes // depth))), sampled=self.sampled,
+                          node_features=self.wants_node_features)

@@ -71,12 +71,18 @@ class ThroughputTracker:
     after a pause could replace (what this was before) kept drafting off after any unlucky probe,
     13% of steps on the shipped greedy prompts where every fixed tree beat plain decoding by 1.3x.
     Probes add to the window instead, so the gate reopens once the window, not one step, says so.
+    The gate closes only when the window's rate is below plain decoding's by more than its own
+    standard error (`confidence`).
     """
 
     smoothing: float = 0.25
     margin: float = 0.97  # speculation must keep at least this share of plain decoding's rate
     window: int = 8
     min_speculative_steps: int = 4  # before the gate may close
+    # the gate closes once the window's rate is below plain's by this many standard errors: a
+    # window of 4-8 steps at temperature 1 (0-3 tokens accepted each) would otherwise close it on
+    # luck alone about one check in five where speculation paid 1.2x
+    confidence: float = 1.0
     plain: float | None = None
     speculative_steps: int = 0
     recent: deque = field(default_factory=deque)  # (tokens, ms) of the last `window` speculative steps
@@ -106,7 +112,16 @@ class ThroughputTracker:
         plain = self.plain if self.plain is not None else (1.0 / plain_ms if plain_ms else None)
         if len(self.recent) < self.min_speculative_steps or plain is None:
             return False
-        return self.speculative < self.margin * plain
+        return self.speculative + self.confidence * self.standard_error() < self.margin * plain
+
+    def standard_error(self) -> float:
+        """Standard error of the window's ratio of sums (the linearised ratio estimator): how far a
+        window of a few steps' luck may sit from the rate its trees make."""
+        n = len(self.recent)
+        rate = self.speculative
+        mean_ms = sum(ms for _, ms in self.recent) / n
+        spread = sum((t - rate * ms) ** 2 for t, ms in self.recent) / (n - 1)
+        return math.sqrt(spread / n) / mean_ms
 
 
 @dataclass

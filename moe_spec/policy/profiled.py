@@ -60,7 +60,7 @@ class ProfiledController:
     def values_of(self, forest: StepForest) -> list[torch.Tensor]:
         """`values` of every row's tree, computed over all rows' nodes at once (each tree's [N_b])."""
         forest = StepForest.of(forest)
-        values = self._calibrated(forest)
+        values = self._calibrated(forest).copy()
         depths, parents = forest.depths, forest.parent_or_self
         levels = [depths == depth for depth in range(1, forest.max_depth + 1)]
         if self.adapt and levels:
@@ -73,7 +73,16 @@ class ProfiledController:
 
     def _calibrated(self, forest: StepForest) -> np.ndarray:
         """[N] over all rows' nodes: the profile's calibrated P(on accepted path), as
-        `AcceptanceCalibration.path_probability` computes it for one tree."""
+        `AcceptanceCalibration.path_probability` computes it for one tree. The last forest's values
+        are kept (`_last_calibrated`): a step's plan and its observe read the same candidates."""
+        last = getattr(self, "_last_calibrated", None)
+        if last is not None and last[0] is forest:
+            return last[1]
+        values = self._calibrated_afresh(forest)
+        self._last_calibrated = (forest, values)
+        return values
+
+    def _calibrated_afresh(self, forest: StepForest) -> np.ndarray:
         depths, parents, scores = forest.depths, forest.parent_or_self, forest.scores
         conditional = self.calibration.conditional_probability_of(np.exp(scores - scores[parents]), depths)
         conditional[depths == 0] = 1.0
@@ -93,8 +102,17 @@ class ProfiledController:
         drafted = [b for b, tree in enumerate(record.verified) if tree.num_drafted]
         if not drafted:
             return
-        forest = StepForest(tuple(record.verified[b] for b in drafted))
-        values = self._calibrated(forest)
+        verified = StepForest.of(record.verified)
+        candidates = getattr(self, "_last_calibrated", (None,))[0]
+        if candidates is not None and len(verified.trees) == len(candidates.trees) and all(
+                a is b for a, b in zip(verified.trees, candidates.trees)):  # nothing was cut: values known
+            values = self._calibrated(candidates)
+            keep = np.concatenate([np.arange(verified.offsets[b], verified.offsets[b + 1]) for b in drafted])
+            values = values[keep]
+            forest = StepForest(tuple(verified[b] for b in drafted))
+        else:
+            forest = StepForest(tuple(record.verified[b] for b in drafted))
+            values = self._calibrated(forest)
         on_path = np.zeros(forest.num_nodes)
         for row, b in enumerate(drafted):
             on_path[forest.offsets[row] + np.asarray(record.acceptances[b].path)] = 1.0

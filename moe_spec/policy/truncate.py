@@ -52,7 +52,7 @@ class TruncateController(ProfiledController):
 
     def begin(self, default: TreeBudget, sampling: SamplingConfig = GREEDY) -> TreeBudget:
         super().begin(default, sampling)
-        self.budget = with_scheme(self.budget, self.sampled).with_node_features(self.wants_node_features)
+        self.budget = with_scheme(self.budget, self.sampled)  # token-count pricing: no routing, no node features
         return self.budget
 
     def plan(self, candidates: StepForest, draft_ms: float) -> StepPlan:

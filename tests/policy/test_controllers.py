@@ -298,3 +298,18 @@ def test_the_gate_compares_with_a_predicted_plain_step_until_one_is_measured():
     assert not rates.speculation_loses(), "nothing to compare with"
     rates.update(False, 1, 30.0)  # measured plain steps replace the prediction
     assert not rates.speculation_loses(plain_ms=20.0)
+
+
+def test_the_gate_closes_on_evidence_not_on_a_few_unlucky_steps():
+    from moe_spec.policy.online_correction import ThroughputTracker
+
+    unlucky = ThroughputTracker()
+    for tokens in (1, 1, 4, 1):  # 7 tokens in 160 ms: under a 20 ms plain step's rate, by luck
+        unlucky.update(True, tokens, 40.0)
+    se = unlucky.standard_error()
+    assert unlucky.speculative < 1 / 20.0 < unlucky.speculative + se
+    assert not unlucky.speculation_loses(plain_ms=20.0), "within one standard error of plain: keep drafting"
+    losing = ThroughputTracker()
+    for tokens in (1, 1, 2, 1, 1, 1, 2, 1):
+        losing.update(True, tokens, 40.0)
+    assert losing.speculation_loses(plain_ms=20.0), "consistently under plain: stop drafting"
