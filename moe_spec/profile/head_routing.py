@@ -105,14 +105,27 @@ class HeadRoutingPredictor:
         if len(tokens) and (int(tokens.min()) < 0 or int(tokens.max()) >= self.vocab_size):
             raise ValueError(f"tokens must be ids in 0..{self.vocab_size - 1}")
         h = F.rms_norm(features.cpu().float(), (self.hidden_size,)) @ self.context_projection  # [N, R_h]
-        flat = torch.addmm(self.bias, h, self.context_weight) + self.token_vectors[tokens] @ self.token_weight  # [N, L*E]
-        out = flat.view(len(tokens), self.num_layers, self.num_experts).transpose(0, 1)  # [L, N, E]
-        if bool(self.table_scale.any()):
-            if table is None:
-                raise ValueError("this head routing predictor blends the token table: pass it as `table`")
-            log_p = table.predict_tokens(tokens).clamp(min=_LOG_FLOOR).log()  # [L, N, E]
-            out = out + self.table_scale[:, None, None] * log_p
-        return out
+        flat = torch.addmm(self._token_terms(table)[tokens], h, self.context_weight)  # [N, L*E]
+        return flat.view(len(tokens), self.num_layers, self.num_experts).transpose(0, 1)  # [L, N, E]
+
+    def _token_terms(self, table: TokenExpertTable | None) -> torch.Tensor:
+        """[V, L*E] what the logits owe to the token alone: bias + its vector's term + the blended
+        table's log-probabilities, computed once per table (on the controller's critical path every
+        step, the per-call matmul and table lookup cost more than the gather)."""
+        blended = bool(self.table_scale.any())
+        if blended and table is None:
+            raise ValueError("this head routing predictor blends the token table: pass it as `table`")
+        key = id(table) if blended else None
+        cached = self.__dict__.get("_terms")
+        if cached is not None and cached[0] == key:
+            return cached[1]
+        terms = torch.addmm(self.bias, self.token_vectors, self.token_weight)  # [V, L*E]
+        if blended:
+            vocab = torch.arange(self.vocab_size)
+            log_p = table.predict_tokens(vocab).clamp(min=_LOG_FLOOR).log()  # [L, V, E]
+            terms = terms + (self.table_scale[:, None, None] * log_p).transpose(0, 1).reshape(self.vocab_size, -1)
+        self.__dict__["_terms"] = (key, terms)
+        return terms
 
     def predict_sets(self, features: torch.Tensor, tokens: torch.Tensor, table: TokenExpertTable | None) -> torch.Tensor:
         """[L, N, K] long: each node's K predicted experts per layer."""
