@@ -60,14 +60,18 @@ class ProfiledController:
     def values_of(self, forest: StepForest) -> list[torch.Tensor]:
         """`values` of every row's tree, computed over all rows' nodes at once (each tree's [N_b])."""
         forest = StepForest.of(forest)
-        values = self._calibrated(forest).copy()
-        depths, parents = forest.depths, forest.parent_or_self
-        levels = [depths == depth for depth in range(1, forest.max_depth + 1)]
-        if self.adapt and levels:
-            factor = np.array([1.0] + [self.acceptance_correction.factor(d) for d in range(1, len(levels) + 1)])
-            values = values * factor[depths]
-            for level in levels:  # keep values non-increasing down every path
-                values[level] = np.minimum(values[level], values[parents[level]])
+        values = self._calibrated(forest)
+        depths = forest.depths
+        if self.adapt and forest.max_depth:
+            factor = np.array([1.0] + [self.acceptance_correction.factor(d) for d in range(1, forest.max_depth + 1)])
+            scaled = (values * factor[depths]).tolist()
+            parents = forest.parents.tolist()
+            for node, parent in enumerate(parents):  # parents come first: keep values non-increasing down every path
+                if parent >= 0 and scaled[node] > scaled[parent]:
+                    scaled[node] = scaled[parent]
+            values = np.array(scaled)
+        else:
+            values = values.copy()
         values[depths == 0] = 1.0
         return forest.split(torch.from_numpy(values))
 
@@ -86,11 +90,11 @@ class ProfiledController:
         depths, parents, scores = forest.depths, forest.parent_or_self, forest.scores
         conditional = self.calibration.conditional_probability_of(np.exp(scores - scores[parents]), depths)
         conditional[depths == 0] = 1.0
-        values = conditional.copy()
-        for depth in range(1, forest.max_depth + 1):  # path products, one level at a time
-            level = depths == depth
-            values[level] = values[parents[level]] * conditional[level]
-        return values
+        values = conditional.tolist()
+        for node, parent in enumerate(forest.parents.tolist()):  # path products; parents come first
+            if parent >= 0:
+                values[node] *= values[parent]
+        return np.array(values)
 
     def cost_model(self) -> CostModel:
         base = self.profile.cost_model
