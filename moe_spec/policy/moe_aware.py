@@ -28,14 +28,15 @@ class MoeAwareController(ProfiledController):
     nodes per row as recent sized choices (at least `candidate_min`; starting from 8 nodes, 3 deep),
     as deep as they went, and one level deeper when a recent choice used the candidates' last level
     (so deeper trees are explored where they might pay, and no level is drafted every step only to
-    be dropped).
+    be dropped). Sampled candidates, verified whole, start at `sampled_min` nodes and are at least
+    a chain of two.
 
     The profile's verify prices are scaled online by the measured speed of the machine
     (`CostCorrection`). Drafting pauses (probing every `probe_every` steps) when the *measured*
-    throughput of speculative steps (tokens per ms of draft + plan + verify, a moving average) falls
-    below that of plain steps, measured, or predicted by the scaled cost model until one is: the
-    measurement covers what the model cannot see, such as the drafter's and the controller's own
-    time. Without online measurements (`adapt=False`, a replay) the model's verdict pauses drafting
+    throughput of speculative steps (tokens per ms of draft + plan + verify over the last steps,
+    `ThroughputTracker`) falls below that of plain steps by more than its standard error; plain
+    steps are measured, or predicted by the scaled cost model until one is. The measurement covers
+    what the model cannot see, such as the drafter's and the controller's own time. Without online measurements (`adapt=False`, a replay) the model's verdict pauses drafting
     instead, after `recent_steps` sized choices of no node.
 
     With the experts offloaded, `residency` (a callable returning the cache's [L, E] resident
