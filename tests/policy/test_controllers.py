@@ -313,3 +313,25 @@ def test_the_gate_closes_on_evidence_not_on_a_few_unlucky_steps():
     for tokens in (1, 1, 2, 1, 1, 1, 2, 1):
         losing.update(True, tokens, 40.0)
     assert losing.speculation_loses(plain_ms=20.0), "consistently under plain: stop drafting"
+
+
+def test_observing_learns_what_predicting_the_pass_afresh_would(profiled):
+    """observe reuses the routing and calibrated values its plan computed: the corrections it
+    learns equal those of a controller that predicts the verified pass and its values afresh."""
+    _, _, profile = profiled
+    if not profile.cost_model.num_layers:
+        pytest.skip("a dense target has no routing to reuse")
+    trees = _forest(1, 9, seed=7)
+    reused, afresh = MoeAwareController(profile), MoeAwareController(profile)
+    for controller in (reused, afresh):
+        controller.begin(TreeBudget(60, 5, 10))
+    plan = reused.plan(StepForest(trees), draft_ms=2.0)
+    verified = list(plan.verify)
+    acceptance = Acceptance([0] + ([1] if verified[0].num_drafted else []), 3)
+    record = _record(verified, [acceptance], verify_ms=30.0, draft_ms=2.0)
+    reused.observe(record)
+    afresh.cost_correction.update(afresh.predicted_verify_ms(record.verified), record.verify_ms)
+    afresh._learn_acceptance(record)
+    assert reused.cost_correction.scale == pytest.approx(afresh.cost_correction.scale)
+    assert reused.acceptance_correction.observed == pytest.approx(afresh.acceptance_correction.observed)
+    assert reused.acceptance_correction.predicted == pytest.approx(afresh.acceptance_correction.predicted)
