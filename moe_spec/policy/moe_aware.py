@@ -63,6 +63,7 @@ class MoeAwareController(ProfiledController):
         self._asked = EAGLE2_BUDGET  # the candidate tree last asked for
         self._plain_profiled_ms: float | None = None  # the profile's plain step, computed once
         self._verify_probs = None  # (nodes, rows, [L, N, E] or None): the last plan's verified routing
+        self._rows = 1  # rows of the batch decoding now (from the last plan)
         self._fresh_history()
 
     def _fresh_history(self) -> None:
@@ -73,6 +74,7 @@ class MoeAwareController(ProfiledController):
 
     def begin(self, default: TreeBudget, sampling: SamplingConfig = GREEDY) -> TreeBudget:
         super().begin(default, sampling)
+        self._rows = 1  # until the first plan shows the batch
         if not self.persist:
             self._fresh_history()
         self._default = default
@@ -80,6 +82,7 @@ class MoeAwareController(ProfiledController):
 
     def plan(self, candidates: StepForest, draft_ms: float) -> StepPlan:
         candidates = StepForest.of(candidates)
+        self._rows = candidates.rows
         if candidates.num_drafted == 0:  # drafting was skipped: a plain step
             self._recent.append((0, 0, False))
             return StepPlan(candidates, self._next_budget())
@@ -145,13 +148,27 @@ class MoeAwareController(ProfiledController):
         return depth + (depth < budget.max_depth and budget.max_nodes > 1)
 
     def _plain_ms(self) -> float:
-        """A plain step's predicted time (the profile's, at the speed measured since): what the gate
-        compares speculation with before a plain step has been measured."""
+        """A one-row plain step's predicted time (the profile's, at the speed measured since)."""
         if self._plain_profiled_ms is None:
-            cost = self.profile.cost_model
-            experts = [float(self.profile.fingerprint["top_k"])] * cost.num_layers  # one token: K per layer
-            self._plain_profiled_ms = cost.predict_ms(1, experts)
+            self._plain_profiled_ms = self._plain_pass_ms(1)
         return self._plain_profiled_ms * (self.cost_correction.scale if self.adapt else 1.0)
+
+    def _plain_rate(self) -> float:
+        """Tokens per ms of a plain step of the batch now decoding (the profile's prediction at the
+        speed measured since): what the gate compares speculation with before a plain step has been
+        measured. B rows make B tokens a pass, whose B roots load about E (1 - (1 - K/E)^B) experts
+        per layer (distinct rows route like unrelated tokens)."""
+        rows = self._rows
+        ms = self._plain_ms() if rows == 1 else self._plain_pass_ms(rows) * (self.cost_correction.scale if self.adapt else 1.0)
+        return rows / ms
+
+    def _plain_pass_ms(self, rows: int) -> float:
+        cost = self.profile.cost_model
+        if not cost.num_layers:
+            return cost.predict_ms(rows, [], rows=rows)
+        top_k, experts = float(self.profile.fingerprint["top_k"]), float(self.profile.fingerprint["num_experts"])
+        unique = experts * (1.0 - (1.0 - top_k / experts) ** rows)  # exactly K for one row
+        return cost.predict_ms(rows, [unique] * cost.num_layers, rows=rows)
 
     def _prices_fetches(self) -> bool:
         return self.price_experts and self.price_residency and self.residency is not None
@@ -167,7 +184,7 @@ class MoeAwareController(ProfiledController):
         # measured rates do: the model's zero-node choices over a few steps of bad luck paused
         # drafting where speculation was measured to pay (1.35x ar against 1.41x, shipped set)
         chose_plain = len(self._recent) == self.recent_steps and all(nodes == 0 for nodes, _, _ in self._recent)
-        if (chose_plain and not self.adapt) or (self.adapt and self.rates.speculation_loses(self._plain_ms())):
+        if (chose_plain and not self.adapt) or (self.adapt and self.rates.speculation_loses(plain_rate=self._plain_rate())):
             self._plain_steps += 1
             if self._plain_steps % self.probe_every:
                 return NO_DRAFT  # speculation has not paid lately: skip drafting

@@ -106,10 +106,13 @@ class ThroughputTracker:
             return None
         return sum(t for t, _ in self.recent) / sum(ms for _, ms in self.recent)
 
-    def speculation_loses(self, plain_ms: float | None = None) -> bool:
+    def speculation_loses(self, plain_ms: float | None = None, plain_rate: float | None = None) -> bool:
         """Whether speculative steps made fewer tokens per ms than `margin` times plain ones; before
-        a plain step is measured, a plain step of `plain_ms` (predicted) stands in for them."""
-        plain = self.plain if self.plain is not None else (1.0 / plain_ms if plain_ms else None)
+        a plain step is measured, a predicted plain rate stands in for them: `plain_rate` tokens per
+        ms, or one token per `plain_ms`."""
+        if plain_rate is None and plain_ms:
+            plain_rate = 1.0 / plain_ms
+        plain = self.plain if self.plain is not None else plain_rate
         if len(self.recent) < self.min_speculative_steps or plain is None:
             return False
         return self.speculative + self.confidence * self.standard_error() < self.margin * plain

@@ -335,3 +335,20 @@ def test_observing_learns_what_predicting_the_pass_afresh_would(profiled):
     assert reused.cost_correction.scale == pytest.approx(afresh.cost_correction.scale)
     assert reused.acceptance_correction.observed == pytest.approx(afresh.acceptance_correction.observed)
     assert reused.acceptance_correction.predicted == pytest.approx(afresh.acceptance_correction.predicted)
+
+
+def test_the_gate_compares_a_batch_with_a_plain_pass_of_the_whole_batch(profiled):
+    """B rows make B tokens a plain pass: before one is measured, the gate's plain rate is the
+    predicted batched pass's, not one row's (which no batched speculation could fall below)."""
+    _, _, profile = profiled
+    controller = MoeAwareController(profile)
+    controller.begin(TreeBudget(60, 5, 10))
+    one_row = controller._plain_rate()
+    controller.plan(StepForest(_forest(16, 5, seed=2)), draft_ms=1.0)
+    batched = controller._plain_rate()
+    assert batched == pytest.approx(16 / (controller._plain_pass_ms(16) * controller.cost_correction.scale))
+    assert batched > 4 * one_row, "a plain pass of 16 rows makes far more tokens per ms than one of 1"
+    for _ in range(controller.rates.min_speculative_steps):
+        controller.rates.update(True, 16, 16 / (4 * one_row))  # 4x one row's rate: under the batch's
+    assert controller.rates.speculation_loses(plain_rate=batched)
+    assert controller._next_budget().drafts_nothing or controller._plain_steps % controller.probe_every == 0
