@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import mmap
 
 import torch
 
@@ -72,7 +73,11 @@ def test_soak_counts_a_hook_leaked_per_generation():
 
 
 def test_rss_reads_memory_the_process_touches():
-    before = rss_bytes()
-    block = torch.ones(64 * 2 ** 20 // 4)  # 64 MiB, written
-    assert rss_bytes() - before > 32 * 2 ** 20
-    del block
+    # fresh anonymous pages: a tensor could reuse heap memory an earlier test freed but the
+    # allocator kept resident, and then resident memory would not move (it did not, once)
+    size = 64 * 2 ** 20
+    with mmap.mmap(-1, size) as block:
+        before = rss_bytes()
+        for offset in range(0, size, mmap.PAGESIZE):
+            block[offset] = 1  # touch every page
+        assert rss_bytes() - before > 32 * 2 ** 20
