@@ -122,7 +122,7 @@ class MoeAwareController(ProfiledController):
             fetch = self.profile.cost_model.fetch
             if record.fetch is not None and fetch is not None and self._prices_fetches():  # measured on the store: not scaled
                 fetch_ms = fetch.total_ms(record.fetch.per_layer_misses)
-            self.cost_correction.update(compute_ms, record.verify_ms - fetch_ms)
+            self.cost_correction.update(compute_ms, record.verify_ms - fetch_ms, rows=record.verified.rows)
         if self.adapt and record.speculated:
             self._learn_acceptance(record)
 
@@ -159,7 +159,12 @@ class MoeAwareController(ProfiledController):
         measured. B rows make B tokens a pass, whose B roots load about E (1 - (1 - K/E)^B) experts
         per layer (distinct rows route like unrelated tokens)."""
         rows = self._rows
-        ms = self._plain_ms() if rows == 1 else self._plain_pass_ms(rows) * (self.cost_correction.scale if self.adapt else 1.0)
+        if rows == 1:
+            ms = self._plain_ms()
+        else:
+            ms = self._plain_pass_ms(rows)
+            if self.adapt:
+                ms = ms * self.cost_correction.scale + self.cost_correction.offset_ms
         return rows / ms
 
     def _plain_pass_ms(self, rows: int) -> float:

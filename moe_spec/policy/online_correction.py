@@ -33,28 +33,41 @@ class AcceptanceCorrection:
 
 @dataclass
 class CostCorrection:
-    """measured = scale * predicted verify time: `scale` an exponential moving average of
-    log(measured / predicted), clamped to [low, high].
+    """measured = scale * predicted + offset_ms, for the verify time.
 
-    What the profile's formula misses at run time is mostly a machine running at another speed than
-    when it was profiled (its clock, its neighbours' load, a thread count), and that scales every
-    term alike: on this 2-core machine the shipped profile's plain pass of 13 ms measured 26 ms, and
-    20-node passes 2.3x their prediction. An additive offset on the fixed cost (what this was before)
-    kept the marginal token and expert at the profile's price, half of what they cost, and the
-    controller verified twice the nodes that paid. The fetch term of offloaded experts is measured
-    on the run's own store, so it is left out of both sides (`moe_aware` subtracts it).
+    With one row, what the profile's formula misses at run time is mostly a machine running at
+    another speed than when it was profiled (its clock, its neighbours' load, a thread count), and
+    that scales every term alike: on this 2-core machine the shipped profile's plain pass of 13 ms
+    measured 26 ms, and 20-node passes 2.3x their prediction. So one-row passes teach `scale`, an
+    exponential moving average of log(measured / predicted), clamped to [low, high]; an additive
+    offset there (what this was before) kept the marginal token and expert at the profile's price,
+    half of what they cost, and the controller verified twice the nodes that paid.
+
+    A batch's passes add per-row work the one-row prices do not see (attention over every row's
+    own prefix, padding), which is fixed per pass, not per drafted token: scaling every term by it
+    made each drafted token of a 16-row batch look dear and the controller fell below plain
+    decoding (0.87-0.91x ar at B = 16). So passes of several rows teach `offset_ms`, a moving
+    average of measured - scale * predicted, added to the fixed cost, and leave the scale as the
+    one-row passes set it. The fetch term of offloaded experts is measured on the run's own store,
+    so it is left out of both sides (`moe_aware` subtracts it).
     """
 
     smoothing: float = 0.3
     low: float = 0.25
     high: float = 4.0
     log_scale: float = 0.0
+    offset_ms: float = 0.0
 
-    def update(self, predicted_ms: float, measured_ms: float) -> None:
-        if predicted_ms > 0 and measured_ms > 0:
-            ratio = math.log(measured_ms / predicted_ms)
-            blended = (1 - self.smoothing) * self.log_scale + self.smoothing * ratio
-            self.log_scale = min(max(blended, math.log(self.low)), math.log(self.high))
+    def update(self, predicted_ms: float, measured_ms: float, rows: int = 1) -> None:
+        if predicted_ms <= 0 or measured_ms <= 0:
+            return
+        if rows > 1:
+            miss = measured_ms - self.scale * predicted_ms
+            self.offset_ms = (1 - self.smoothing) * self.offset_ms + self.smoothing * miss
+            return
+        ratio = math.log(measured_ms / predicted_ms)
+        blended = (1 - self.smoothing) * self.log_scale + self.smoothing * ratio
+        self.log_scale = min(max(blended, math.log(self.low)), math.log(self.high))
 
     @property
     def scale(self) -> float:

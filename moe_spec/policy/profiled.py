@@ -100,7 +100,7 @@ class ProfiledController:
         base = self.profile.cost_model
         if not self.adapt:
             return base
-        return base.scaled(self.cost_correction.scale)
+        return base.scaled(self.cost_correction.scale, self.cost_correction.offset_ms)
 
     def _learn_acceptance(self, record: StepRecord) -> None:
         drafted = [b for b, tree in enumerate(record.verified) if tree.num_drafted]

@@ -66,10 +66,11 @@ class TruncateController(ProfiledController):
         if candidates.num_drafted == 0 or drawn(candidates):  # sampled trees: no cut is exact
             return StepPlan(candidates, self.budget)
         scale = self.cost_correction.scale if self.adapt else 1.0
+        offset = self.cost_correction.offset_ms if self.adapt else 0.0
         rows = candidates.rows
 
         def row_share_ms(tokens: int) -> float:
-            return scale * self.token_cost(rows * tokens, rows) / rows
+            return max(scale * self.token_cost(rows * tokens, rows) + offset, 0.0) / rows
 
         keeps = [best_prefix_by_score(tree, values, row_share_ms, draft_ms / rows)
                  for tree, values in zip(candidates, self.values_of(candidates))]
@@ -79,4 +80,5 @@ class TruncateController(ProfiledController):
         if not self.adapt or not record.speculated:
             return
         self._learn_acceptance(record)
-        self.cost_correction.update(self.token_cost(record.verified.pass_tokens, record.verified.rows), record.verify_ms)
+        self.cost_correction.update(self.token_cost(record.verified.pass_tokens, record.verified.rows), record.verify_ms,
+                                    rows=record.verified.rows)

@@ -74,10 +74,11 @@ class CostModel:
         """[L] ms per unique expert in each MoE layer."""
         return np.broadcast_to(np.asarray(self.per_expert_ms, dtype=np.float64), (self.num_layers,))
 
-    def scaled(self, factor: float) -> "CostModel":
-        """Every compute term times `factor` (a machine running at another speed than profiled);
-        the fetch cost, measured on the tier itself, unchanged."""
-        return replace(self, base_ms=self.base_ms * factor, per_token_ms=self.per_token_ms * factor,
+    def scaled(self, factor: float, offset_ms: float = 0.0) -> "CostModel":
+        """Every compute term times `factor` (a machine running at another speed than profiled),
+        then `offset_ms` added to the fixed cost (kept >= 0); the fetch cost, measured on the tier
+        itself, unchanged."""
+        return replace(self, base_ms=max(self.base_ms * factor + offset_ms, 0.0), per_token_ms=self.per_token_ms * factor,
                        per_row_ms=self.per_row_ms * factor, per_expert_ms=tuple(v * factor for v in self.per_expert_ms))
 
     def fixed_ms(self, rows: int = 1) -> float:

@@ -174,6 +174,7 @@ def test_truncate_prices_a_batch_with_the_row_term_and_learns_from_the_whole_pas
     measured = dear_cost(len(trees) * max(len(t) for t in trees), len(trees))  # a padded pass
     controller.observe(_record(trees, [Acceptance([0, 1], 5) for _ in trees], measured, 1.0))
     assert controller.cost_correction.scale == pytest.approx(1.0)
+    assert controller.cost_correction.offset_ms == pytest.approx(0.0)
 
 
 def test_values_of_a_batch_equal_each_trees_values(profiled):
@@ -285,6 +286,18 @@ def test_the_cost_correction_learns_the_machines_speed_and_is_bounded():
     for _ in range(30):
         correction.update(1.0, 1e6)
     assert correction.scale == pytest.approx(correction.high)
+
+
+def test_a_batchs_extra_cost_is_learnt_as_a_fixed_offset_at_the_one_row_scale():
+    from moe_spec.policy.online_correction import CostCorrection
+
+    correction = CostCorrection()
+    for _ in range(30):
+        correction.update(10.0, 20.0)  # one row: the machine runs at half the profiled speed
+    for _ in range(30):
+        correction.update(30.0, 75.0, rows=16)  # 16 rows: 15 ms of per-row work on top of 2x
+    assert correction.scale == pytest.approx(2.0, rel=1e-3), "batched passes leave the speed as one row set it"
+    assert correction.offset_ms == pytest.approx(15.0, rel=1e-3)
 
 
 def test_the_gate_compares_with_a_predicted_plain_step_until_one_is_measured():
