@@ -135,8 +135,7 @@ class MoeAwareController(ProfiledController):
         if remembered is not None and remembered[:2] == (verified.num_nodes, verified.rows) and remembered[2] is not None:
             return cost.predict_ms(verified.pass_tokens, expected_unique_experts(remembered[2]), rows=verified.rows)
         if verified.rows == 1 and verified.num_nodes == 1:
-            self._plain_ms()  # fills the cache
-            return self._plain_profiled_ms
+            return self._plain_profiled()
         return self.predicted_verify_ms(verified)
 
     def _forwards_run(self, candidates: StepForest) -> int:
@@ -147,11 +146,15 @@ class MoeAwareController(ProfiledController):
         budget = self._asked
         return depth + (depth < budget.max_depth and budget.max_nodes > 1)
 
-    def _plain_ms(self) -> float:
-        """A one-row plain step's predicted time (the profile's, at the speed measured since)."""
+    def _plain_profiled(self) -> float:
+        """The profile's one-row plain step, computed once."""
         if self._plain_profiled_ms is None:
             self._plain_profiled_ms = self._plain_pass_ms(1)
-        return self._plain_profiled_ms * (self.cost_correction.scale if self.adapt else 1.0)
+        return self._plain_profiled_ms
+
+    def _plain_ms(self) -> float:
+        """A one-row plain step's predicted time (the profile's, at the speed measured since)."""
+        return self._plain_profiled() * (self.cost_correction.scale if self.adapt else 1.0)
 
     def _plain_rate(self) -> float:
         """Tokens per ms of a plain step of the batch now decoding (the profile's prediction at the

@@ -33,6 +33,7 @@ class ProfiledController:
         self.scheme = CandidateScheme(scheme)
         self.sampled = False  # this request's candidates are sampled (set by `begin`)
         self.calibration = profile.calibration  # the acceptance calibration matching this request
+        self._last_calibrated: tuple[StepForest, np.ndarray] | None = None  # (forest, its calibrated values)
         self._fresh_corrections()
 
     def _fresh_corrections(self) -> None:
@@ -44,6 +45,7 @@ class ProfiledController:
             self._fresh_corrections()
         self.sampled = resolve_scheme(self.scheme, sampling, self.profile)
         self.calibration = self.profile.calibration_for(sampling, self.sampled)
+        self._last_calibrated = None  # values under another request's calibration
         return with_scheme(default, self.sampled).with_node_features(self.wants_node_features)
 
     @property
@@ -79,7 +81,7 @@ class ProfiledController:
         """[N] over all rows' nodes: the profile's calibrated P(on accepted path), as
         `AcceptanceCalibration.path_probability` computes it for one tree. The last forest's values
         are kept (`_last_calibrated`): a step's plan and its observe read the same candidates."""
-        last = getattr(self, "_last_calibrated", None)
+        last = self._last_calibrated
         if last is not None and last[0] is forest:
             return last[1]
         values = self._calibrated_afresh(forest)
@@ -107,7 +109,7 @@ class ProfiledController:
         if not drafted:
             return
         verified = StepForest.of(record.verified)
-        candidates = getattr(self, "_last_calibrated", (None,))[0]
+        candidates = self._last_calibrated[0] if self._last_calibrated is not None else None
         if candidates is not None and len(verified.trees) == len(candidates.trees) and all(
                 a is b for a, b in zip(verified.trees, candidates.trees)):  # nothing was cut: values known
             values = self._calibrated(candidates)
