@@ -106,9 +106,17 @@ class StepForest:
         """[N] the row each node belongs to."""
         return np.repeat(np.arange(self.rows), self.sizes)
 
-    @property
+    @cached_property
     def max_depth(self) -> int:
         return int(self.depths.max())
+
+    @cached_property
+    def levels(self) -> tuple[tuple[np.ndarray, np.ndarray], ...]:
+        """Per depth 1, 2, ..., max_depth: (the nodes at that depth, their parents), so that products
+        and clamps down every path run a level at a time (a level's parents are all one level up)."""
+        order = np.argsort(self.depths, kind="stable")
+        bounds = np.searchsorted(self.depths[order], np.arange(1, self.max_depth + 2))
+        return tuple((order[start:end], self.parents[order[start:end]]) for start, end in zip(bounds[:-1], bounds[1:]))
 
     def split(self, values):
         """Per-node values [N] (or [..., N, ...] along `dim=0` for numpy / torch) -> one chunk per row."""

@@ -109,24 +109,29 @@ class DraftTree:
 
     def subtree(self, keep: torch.Tensor | list[int]) -> "DraftTree":
         """The tree restricted to `keep` (node indices; must contain the root and be closed under parents)."""
-        keep = torch.as_tensor(keep, dtype=torch.long).unique(sorted=True)
-        if keep.numel() == 0 or int(keep[0]) != 0:
+        # lists, not tensor ops: this runs on every step's critical path, over a few dozen nodes
+        kept = sorted(set(keep.tolist() if isinstance(keep, torch.Tensor) else (int(k) for k in keep)))
+        if not kept or kept[0] != 0:
             raise ValueError("a subtree must contain the root")
-        if keep.numel() == len(self) and int(keep[-1]) == len(self) - 1:  # every node
+        if len(kept) == len(self) and kept[-1] == len(self) - 1:  # every node
             return self
-        if keep.numel() == 1 and self.node_features is None:
+        if len(kept) == 1 and self.node_features is None:
             return DraftTree.root_only(int(self.tokens[0]))
-        new_index = torch.full((len(self),), -1, dtype=torch.long)
-        new_index[keep] = torch.arange(keep.numel())
-        old_parents = self.parents[keep]
-        if bool((new_index[old_parents[1:]] < 0).any()):
-            raise ValueError("a subtree must contain the parent of every kept node")
-        parents = torch.cat([torch.tensor([-1]), new_index[old_parents[1:]]])
-        features = self.node_features[keep] if self.node_features is not None else None
+        new_index = {old: new for new, old in enumerate(kept)}
+        old_parents = self.parents.tolist()
+        try:
+            parents = [-1] + [new_index[old_parents[node]] for node in kept[1:]]
+        except KeyError:
+            raise ValueError("a subtree must contain the parent of every kept node") from None
+        index = torch.tensor(kept)
+        features = self.node_features[index] if self.node_features is not None else None
         if not self.sampled:
-            return DraftTree(self.tokens[keep], parents, self.scores[keep], node_features=features)
-        return DraftTree(self.tokens[keep], parents, self.scores[keep], self.proposals[keep], self.proposal_ids,
-                         self.draw_rank[keep], features)
+            tree = DraftTree(self.tokens[index], torch.tensor(parents), self.scores[index], node_features=features)
+        else:
+            tree = DraftTree(self.tokens[index], torch.tensor(parents), self.scores[index], self.proposals[index],
+                             self.proposal_ids, self.draw_rank[index], features)
+        object.__setattr__(tree, "_depths", self.depths[index])  # depths within a closed subtree are unchanged
+        return tree
 
 
 def ancestor_mask(tree: DraftTree) -> torch.Tensor:

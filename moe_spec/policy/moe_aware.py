@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections import deque
+from dataclasses import dataclass
 
 from moe_spec.core.control import StepPlan
 from moe_spec.core.drafting import EAGLE2_BUDGET, NO_DRAFT, TreeBudget
@@ -16,6 +17,17 @@ from moe_spec.policy.selection import StepPrices, grow_forest
 from moe_spec.profile.cost_model import expected_unique_experts
 
 
+@dataclass(frozen=True)
+class _VerifyPlan:
+    """What a plan knew of the pass it asked for (`MoeAwareController._planned`)."""
+
+    nodes: int  # real nodes verified, roots included
+    rows: int
+    probs: object  # [L, N, E] torch predicted routing of the verified nodes, or None (dense or not priced)
+    calibrated: object  # [N] numpy calibrated P(on accepted path) of the verified nodes
+    predicted_ms: float | None  # the pass's compute time under the profile's prices, None: not known
+
+
 class MoeAwareController(ProfiledController):
     """moe_spec's policy: best-first subtree over the whole candidate tree, each node priced by
     the experts it newly activates (see `selection.py`); no speculation when that wins.
@@ -25,7 +37,7 @@ class MoeAwareController(ProfiledController):
     it needs (`draft_costs`, measured online: a fixed part and a part per head forward), and what to
     verify of the candidates already drafted, whose drafting is spent: every node whose value pays
     for its own verify time at that set's rate. The drafter expands `candidate_growth` times as many
-    nodes per row as recent sized choices (at least `candidate_min`; starting from 8 nodes, 3 deep),
+    nodes per row as recent sized choices, and at least one more (at least `candidate_min`; starting from 8 nodes, 3 deep),
     as deep as they went, and one level deeper when a recent choice used the candidates' last level
     (so deeper trees are explored where they might pay, and no level is drafted every step only to
     be dropped). Sampled candidates, verified whole, start at `sampled_min` nodes and are at least
@@ -62,7 +74,7 @@ class MoeAwareController(ProfiledController):
         self._default = EAGLE2_BUDGET
         self._asked = EAGLE2_BUDGET  # the candidate tree last asked for
         self._plain_profiled_ms: float | None = None  # the profile's plain step, computed once
-        self._verify_probs = None  # (nodes, rows, [L, N, E] or None): the last plan's verified routing
+        self._verify_plan: _VerifyPlan | None = None  # what the last plan knew of the nodes it verifies
         self._rows = 1  # rows of the batch decoding now (from the last plan)
         self._fresh_history()
 
@@ -85,6 +97,7 @@ class MoeAwareController(ProfiledController):
         self._rows = candidates.rows
         if candidates.num_drafted == 0:  # drafting was skipped: a plain step
             self._recent.append((0, 0, False))
+            self._verify_plan = None
             return StepPlan(candidates, self._next_budget())
         probs = self._expert_probs(candidates) if self.price_experts else None
         row_probs = probs.split(candidates.sizes.tolist(), dim=1) if probs is not None else [None] * candidates.rows
@@ -92,48 +105,69 @@ class MoeAwareController(ProfiledController):
         self.draft_costs.update(self._forwards_run(candidates), draft_ms)
         fixed_ms, depth_ms = self.draft_costs.estimate()
         residency = self.residency() if probs is not None and self._prices_fetches() else None  # [L, E] bool, exact now
+        cost = self.cost_model()
         # a set d levels deep needs d + 1 head forwards (the last finds nothing better to keep)
-        growth = grow_forest(candidates, prices, self.cost_model(), depth_ms, draft_fixed_ms=fixed_ms + depth_ms,
-                             residency=residency)
+        growth = grow_forest(candidates, prices, cost, depth_ms, draft_fixed_ms=fixed_ms + depth_ms, residency=residency)
         nodes, depth = growth.sized_shape()
         edge = depth >= candidates.max_depth or growth.best_size >= candidates.num_drafted
         self._recent.append((nodes, depth, edge))
         if nodes:
             self._plain_steps = 0
+        calibrated = self._calibrated(candidates)  # [N] the values `observe` learns acceptance from
         if drawn(candidates):  # no cut of a sampled tree is exact: the choice sizes the next one only
-            return self._planned(candidates, probs)
-        verified = growth.verified_when_drafted()
-        if sum(map(len, verified)) == candidates.num_nodes:  # every drafted node pays: nothing to cut
-            return self._planned(candidates, probs)
-        flat = [int(candidates.offsets[row]) + node for row, keep in enumerate(verified) for node in keep]
-        return self._planned(candidates.subforest(verified), probs[:, flat] if probs is not None else None)
+            return self._planned(candidates, probs, calibrated)
+        size = growth.verified_size()
+        # the growth's price of the verified prefix is the pass's prediction, unless it priced fetches
+        # too or no experts at all (the ablation's measured passes are compared with the full model)
+        exact = residency is None and (probs is not None or not cost.num_layers)
+        predicted = self._unscaled(cost, float(growth.verify_ms[size])) if exact else None
+        if size == candidates.num_drafted:  # every drafted node pays: nothing to cut
+            return self._planned(candidates, probs, calibrated, predicted)
+        keep = growth.rows_of(size)
+        flat = [int(candidates.offsets[row]) + node for row, nodes in enumerate(keep) for node in nodes]
+        return self._planned(candidates.subforest(keep), probs[:, flat] if probs is not None else None, calibrated[flat],
+                             predicted)
 
-    def _planned(self, verify: StepForest, probs) -> StepPlan:
-        """The plan, remembering the verified nodes' predicted routing ([L, N_v, E], or None) for
-        `observe`, which prices the pass it measures without predicting the routing again."""
-        self._verify_probs = (verify.num_nodes, verify.rows, probs)
+    def _planned(self, verify: StepForest, probs, calibrated, predicted_ms: float | None = None) -> StepPlan:
+        """The plan, remembering for `observe` what it knew of the verified nodes: their predicted
+        routing ([L, N_v, E], or None), their calibrated values [N_v] and the pass's predicted
+        compute time under the profile's prices (None: not known), so that observe prices and
+        learns from the pass it measures without predicting either again."""
+        self._verify_plan = _VerifyPlan(verify.num_nodes, verify.rows, probs, calibrated, predicted_ms)
         return StepPlan(verify, self._next_budget())
+
+    def _unscaled(self, cost, scaled_ms: float) -> float:
+        """A verify time predicted under the scaled prices `cost`, under the profile's own."""
+        base = self.profile.cost_model
+        if cost is base:
+            return scaled_ms
+        scale = self.cost_correction.scale
+        return (scaled_ms - cost.base_ms) / scale + base.base_ms
 
     def observe(self, record: StepRecord) -> None:
         self.rates.update(record.speculated, record.tokens_produced, record.draft_ms + record.plan_ms + record.verify_ms)
+        plan, self._verify_plan = self._verify_plan, None
+        if plan is not None and (plan.nodes, plan.rows) != (record.verified.num_nodes, record.verified.rows):
+            plan = None  # not this pass's plan
         if self.adapt:  # plain passes measure the machine's speed too
-            compute_ms = self._predicted_compute_ms(record.verified)
+            compute_ms = self._predicted_compute_ms(record.verified, plan)
             fetch_ms = 0.0
             fetch = self.profile.cost_model.fetch
             if record.fetch is not None and fetch is not None and self._prices_fetches():  # measured on the store: not scaled
                 fetch_ms = fetch.total_ms(record.fetch.per_layer_misses)
             self.cost_correction.update(compute_ms, record.verify_ms - fetch_ms, rows=record.verified.rows)
         if self.adapt and record.speculated:
-            self._learn_acceptance(record)
+            self._learn_acceptance(record, plan.calibrated if plan is not None else None)
 
-    def _predicted_compute_ms(self, verified: StepForest) -> float:
-        """The profile's (unscaled) compute time of a verified pass: from the routing the plan
-        predicted for it, a one-row plain pass from the cached plain prediction (one token loads
-        exactly K experts per layer), else predicted afresh."""
-        cost = self.profile.cost_model
-        remembered, self._verify_probs = self._verify_probs, None
-        if remembered is not None and remembered[:2] == (verified.num_nodes, verified.rows) and remembered[2] is not None:
-            return cost.predict_ms(verified.pass_tokens, expected_unique_experts(remembered[2]), rows=verified.rows)
+    def _predicted_compute_ms(self, verified: StepForest, plan: "_VerifyPlan | None") -> float:
+        """The profile's (unscaled) compute time of a verified pass: the plan's prediction, or from
+        the routing the plan predicted for it, a one-row plain pass from the cached plain prediction
+        (one token loads exactly K experts per layer), else predicted afresh."""
+        if plan is not None and plan.predicted_ms is not None:
+            return plan.predicted_ms
+        if plan is not None and plan.probs is not None:
+            cost = self.profile.cost_model
+            return cost.predict_ms(verified.pass_tokens, expected_unique_experts(plan.probs), rows=verified.rows)
         if verified.rows == 1 and verified.num_nodes == 1:
             return self._plain_profiled()
         return self.predicted_verify_ms(verified)
@@ -207,12 +241,15 @@ class MoeAwareController(ProfiledController):
 
     def _sized(self, default: TreeBudget, nodes: int, depth: int, deeper: bool = True) -> TreeBudget:
         """A candidate tree around `nodes` chosen nodes per row `depth` deep: `candidate_growth` times
-        the nodes, one level deeper if `deeper`, and only as many expansions per level as that many
+        the nodes and at least one more, one level deeper if `deeper`, and only as many expansions per level as that many
         nodes can use (each expansion is a row of the head's forward and of its output projection)."""
         # sampled trees are verified whole, so they are drafted smaller (`sampled_min`) but grown the
-        # same way: a choice made on a tree of the last choice's size alone could only shrink
+        # same way: a choice made on a tree of the last choice's size alone could only shrink.
+        # At least one node more than chosen: at 2 nodes, 1.25x rounds back to 2, and sampled
+        # trees stayed at 2 nodes whatever their nodes were worth (1.8 a step at T = 0.7, where a
+        # fixed 4 paid 1.50x ar against 1.31x)
         floor = self.sampled_min if self.sampled else self.candidate_min
-        nodes = min(default.max_nodes, max(floor, round(self.candidate_growth * nodes)))
+        nodes = min(default.max_nodes, max(floor, round(self.candidate_growth * nodes), nodes + 1))
         # a sampled tree is at least a chain of two: siblings drawn from one q accept less than a
         # draw from the accepted child's own q (static:2@sampled, a chain, paid 1.3x ar at T = 1)
         depth = min(default.max_depth, max(depth + deeper, 2 if self.sampled else 1))

@@ -66,12 +66,9 @@ class ProfiledController:
         depths = forest.depths
         if self.adapt and forest.max_depth:
             factor = np.array([1.0] + [self.acceptance_correction.factor(d) for d in range(1, forest.max_depth + 1)])
-            scaled = (values * factor[depths]).tolist()
-            parents = forest.parents.tolist()
-            for node, parent in enumerate(parents):  # parents come first: keep values non-increasing down every path
-                if parent >= 0 and scaled[node] > scaled[parent]:
-                    scaled[node] = scaled[parent]
-            values = np.array(scaled)
+            values = values * factor[depths]
+            for nodes, parents in forest.levels:  # keep values non-increasing down every path
+                values[nodes] = np.minimum(values[nodes], values[parents])
         else:
             values = values.copy()
         values[depths == 0] = 1.0
@@ -92,11 +89,9 @@ class ProfiledController:
         depths, parents, scores = forest.depths, forest.parent_or_self, forest.scores
         conditional = self.calibration.conditional_probability_of(np.exp(scores - scores[parents]), depths)
         conditional[depths == 0] = 1.0
-        values = conditional.tolist()
-        for node, parent in enumerate(forest.parents.tolist()):  # path products; parents come first
-            if parent >= 0:
-                values[node] *= values[parent]
-        return np.array(values)
+        for nodes, parents in forest.levels:  # path products, a level at a time
+            conditional[nodes] *= conditional[parents]
+        return conditional
 
     def cost_model(self) -> CostModel:
         base = self.profile.cost_model
@@ -104,27 +99,26 @@ class ProfiledController:
             return base
         return base.scaled(self.cost_correction.scale, self.cost_correction.offset_ms)
 
-    def _learn_acceptance(self, record: StepRecord) -> None:
-        drafted = [b for b, tree in enumerate(record.verified) if tree.num_drafted]
-        if not drafted:
-            return
+    def _learn_acceptance(self, record: StepRecord, values: np.ndarray | None = None) -> None:
+        """Per depth, the verified nodes' calibrated values against the accepted paths' nodes.
+        `values` [N]: the calibrated values of `record.verified`'s nodes when the caller knows them
+        (the plan computed them on the candidates); else the candidates' values when nothing was
+        cut, else computed afresh. A row verified as its root alone has no node of depth >= 1."""
         verified = StepForest.of(record.verified)
-        candidates = self._last_calibrated[0] if self._last_calibrated is not None else None
-        if candidates is not None and len(verified.trees) == len(candidates.trees) and all(
-                a is b for a, b in zip(verified.trees, candidates.trees)):  # nothing was cut: values known
-            values = self._calibrated(candidates)
-            keep = np.concatenate([np.arange(verified.offsets[b], verified.offsets[b + 1]) for b in drafted])
-            values = values[keep]
-            forest = StepForest(tuple(verified[b] for b in drafted))
-        else:
-            forest = StepForest(tuple(record.verified[b] for b in drafted))
-            values = self._calibrated(forest)
-        on_path = np.zeros(forest.num_nodes)
-        for row, b in enumerate(drafted):
-            on_path[forest.offsets[row] + np.asarray(record.acceptances[b].path)] = 1.0
-        for depth in range(1, forest.max_depth + 1):
-            level = forest.depths == depth
-            self.acceptance_correction.update(depth, float(values[level].sum()), float(on_path[level].sum()))
+        if not verified.num_drafted:
+            return
+        if values is None:
+            candidates = self._last_calibrated[0] if self._last_calibrated is not None else None
+            same = candidates is not None and len(verified.trees) == len(candidates.trees) and all(
+                a is b for a, b in zip(verified.trees, candidates.trees))  # nothing was cut: values known
+            values = self._calibrated(candidates if same else verified)
+        depths = verified.depths
+        on_path = np.concatenate([verified.offsets[b] + np.asarray(a.path) for b, a in enumerate(record.acceptances)])
+        bins = verified.max_depth + 1
+        predicted = np.bincount(depths, weights=values, minlength=bins)  # [D + 1] expected path nodes per depth
+        observed = np.bincount(depths[on_path], minlength=bins)  # [D + 1] accepted path nodes per depth
+        for depth in range(1, bins):
+            self.acceptance_correction.update(depth, float(predicted[depth]), float(observed[depth]))
 
     def predicted_verify_ms(self, forest: StepForest, cost: CostModel | None = None, misses=None) -> float:
         """The uncorrected cost model's time for verifying these rows' trees in one padded pass

@@ -94,15 +94,13 @@ def best_first_subtree(tree: DraftTree, prices: StepPrices, cost: CostModel, dep
 class _ExpertPrices:
     """Each node's expected ms of the experts it would newly load, kept up to date as nodes are chosen.
 
-    A chosen node lowers the chance that an expert is still unloaded only for the (layer, expert)
-    entries it may load (K per layer with top-K predictions), so only those columns are subtracted,
-    instead of re-pricing every node against every expert.
+    A chosen node lowers the chance that each expert it may load is still unloaded; every node's
+    price is then the still-unloaded experts it may load, priced.
     """
 
     def __init__(self, forest: StepForest, prices: list[StepPrices], cost: CostModel, residency: torch.Tensor | None = None):
         self.row_probs = [p.expert_probs.double().numpy() for p in prices]  # each [L, N_b, E]
         num_layers, _, num_experts = self.row_probs[0].shape
-        self.offsets = forest.offsets
         self.by_expert = np.concatenate([r.transpose(0, 2, 1) for r in self.row_probs], axis=2).reshape(-1, forest.num_nodes)  # [L*E, N]
         self.per_expert = np.repeat(np.asarray(cost.expert_weights(), dtype=np.float64), num_experts)  # [L*E] ms if new
         self.miss = np.prod([1.0 - r[:, 0] for r in self.row_probs], axis=0).reshape(-1)  # [L*E]: no chosen node loads it yet
@@ -125,12 +123,12 @@ class _ExpertPrices:
             return None
         return ((1.0 - self.miss) * self.cold).reshape(self.shape).sum(-1)
 
-    def choose(self, row: int, node: int) -> None:
-        loads = self.row_probs[row][:, node - self.offsets[row]].reshape(-1)  # [L*E]: P(node loads expert e of layer l)
-        touched = np.flatnonzero(loads * self.miss)  # [M]: the entries whose miss changes (not yet surely loaded)
-        kept = self.miss[touched] * (1.0 - loads[touched])
-        self.node_ms -= ((self.miss[touched] - kept) * self.per_expert[touched]) @ self.by_expert[touched]  # their price drops
-        self.miss[touched] = kept
+    def choose(self, node: int) -> None:
+        """Flat node `node` is chosen: the experts it may load are less likely still unloaded, and
+        every node's price is recomputed in place (one [L*E] x [L*E, N] product costs less than
+        updating only the touched entries)."""
+        self.miss *= 1.0 - self.by_expert[:, node]  # by_expert[:, node]: P(node loads expert e of layer l)
+        np.matmul(self.miss * self.per_expert, self.by_expert, out=self.node_ms)
 
 
 @dataclass
@@ -191,7 +189,7 @@ class ForestGrowth:
 
     def sized(self) -> list[list[int]]:
         """Each row's nodes (root first) of the best set, drafting priced: the size to draft next."""
-        return self._rows(self.best_size)
+        return self.rows_of(self.best_size)
 
     def verified_when_drafted(self, rate: float | None = None) -> list[list[int]]:
         """Each row's nodes (root first) to verify now that the candidates are drafted: their
@@ -201,11 +199,16 @@ class ForestGrowth:
         Maximising this step's own ratio instead, (B + V) / (d + t) with d spent, would verify more
         the more was spent on drafting, and the next candidate tree, sized from what is verified,
         would grow again."""
+        return self.rows_of(self.verified_size(rate))
+
+    def verified_size(self, rate: float | None = None) -> int:
+        """How many nodes of the growth order `verified_when_drafted` keeps."""
         rate = self.best_rate if rate is None else rate
         size = int(np.argmax(self.value - rate * self.verify_ms))  # first maximum: the smaller set
-        return self._rows(max(size, self.best_size))
+        return max(size, self.best_size)
 
-    def _rows(self, size: int) -> list[list[int]]:
+    def rows_of(self, size: int) -> list[list[int]]:
+        """Each row's nodes (root first) of the first `size` nodes of the growth order."""
         return [[0] + row for row in self.forest.local(self.order[:size])]
 
 
@@ -276,7 +279,7 @@ def grow_forest(
         grown.sizes[row_of[node]] += 1
         chosen.append(node)
         if priced:
-            experts.choose(int(row_of[node]), node)
+            experts.choose(node)
         in_frontier[node] = False
         in_frontier[children[node]] = True
         stale += 1

@@ -91,6 +91,11 @@ class TokenExpertTable:
         than `predict`, whose small probabilities add up over many nodes)."""
         return self.predict_onehot_tokens(tree.tokens)
 
+    @property
+    def onehot_by_token(self) -> np.ndarray:
+        """[V, L, E] float32 0/1: each token id's K most likely experts per layer (a view)."""
+        return self._onehot.numpy()
+
     def predict_onehot_tokens(self, tokens: torch.Tensor) -> torch.Tensor:
         """tokens: [N] long -> [L, N, E] 0/1, as `predict_onehot`."""
         return self._onehot[tokens.cpu().long()].permute(1, 0, 2).contiguous()

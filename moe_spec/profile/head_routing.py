@@ -42,6 +42,7 @@ ARRAY_SHAPES = {
     "head_routing_bias": ("L*E",),  # b
     "head_routing_table_scale": ("L",),  # s: weight of the table's log-probabilities
 }
+_RMS_EPS = float(np.finfo(np.float32).eps)  # what F.rms_norm adds without an eps
 _LOG_FLOOR = 1e-6  # the table's probabilities are floored before the log (its pseudo-count keeps them > 0)
 
 
@@ -134,13 +135,31 @@ class HeadRoutingPredictor:
     def predict_onehot(self, features: torch.Tensor, tokens: torch.Tensor, depths: torch.Tensor,
                        table: TokenExpertTable) -> torch.Tensor:
         """[L, N, E] 0/1 predicted experts: the K largest logits, roots (depth 0, no parent output) the
-        table's top-K."""
-        sets = self.predict_sets(features, tokens, table)  # [L, N, K]
-        onehot = torch.zeros(self.num_layers, len(tokens), self.num_experts).scatter_(2, sets, 1.0)
-        roots = (depths == 0).nonzero().flatten()
-        if roots.numel():
-            onehot[:, roots] = table.predict_onehot_tokens(tokens[roots])
-        return onehot
+        table's top-K. Computed in numpy (the controller calls it every step on a few dozen nodes,
+        where each torch op's dispatch costs more than its arithmetic); `logits` is the same map."""
+        tokens = tokens.cpu().long()
+        features = features.detach().cpu().float()
+        if features.dim() != 2 or features.shape != (len(tokens), self.hidden_size):
+            raise ValueError(f"features must be [{len(tokens)}, {self.hidden_size}] (the head's hidden size), "
+                             f"got {tuple(features.shape)}")
+        ids = tokens.numpy()
+        if len(ids) and (int(ids.min()) < 0 or int(ids.max()) >= self.vocab_size):
+            raise ValueError(f"tokens must be ids in 0..{self.vocab_size - 1}")
+        projection, weight, terms = self._numpy_weights(table)
+        h = features.numpy()
+        h = h / np.sqrt((h * h).mean(-1, keepdims=True) + _RMS_EPS)  # F.rms_norm's
+        logits = (terms[ids] + (h @ projection) @ weight).reshape(len(ids), self.num_layers, self.num_experts)  # [N, L, E]
+        top = np.argpartition(logits, -self.top_k, axis=-1)[..., -self.top_k:]  # [N, L, K]
+        onehot = np.zeros(logits.shape, dtype=np.float32)
+        np.put_along_axis(onehot, top, 1.0, axis=-1)
+        roots = np.flatnonzero(np.asarray(depths) == 0)
+        if len(roots):
+            onehot[roots] = table.onehot_by_token[ids[roots]]  # [R, L, E]
+        return torch.from_numpy(onehot.transpose(1, 0, 2))  # [L, N, E], a view
+
+    def _numpy_weights(self, table: TokenExpertTable | None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(A [D, R_h], W [R_h, L*E], token terms [V, L*E]) as numpy arrays sharing the tensors' memory."""
+        return self.context_projection.numpy(), self.context_weight.numpy(), self._token_terms(table).numpy()
 
     def arrays(self) -> dict[str, np.ndarray]:
         """What the profile's sidecar stores (`ARRAY_SHAPES`)."""

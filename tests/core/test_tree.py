@@ -79,3 +79,42 @@ def test_chain_tree_is_a_path():
     tree = chain_tree([4, 5, 6])
     assert root_to_leaf_paths(tree) == [[0, 1, 2]]
     assert torch.equal(ancestor_mask(tree), torch.tril(torch.ones(3, 3, dtype=torch.bool)))
+
+
+@given(trees(), st.data())
+@settings(max_examples=40, deadline=None)
+def test_a_subtree_of_any_closed_set_keeps_parents_depths_and_features(tree, data):
+    chosen = data.draw(st.lists(st.integers(0, len(tree) - 1), max_size=len(tree)))
+    keep = sorted({node for leaf in chosen for node in path_to(tree, leaf)} | {0})
+    features = torch.arange(len(tree) * 2, dtype=torch.float32).view(len(tree), 2)
+    tree = DraftTree(tree.tokens, tree.parents, tree.scores, node_features=features)
+    sub = tree.subtree(keep + keep[-1:])  # a repeated index is kept once
+    assert sub.tokens.tolist() == tree.tokens[keep].tolist()
+    assert torch.equal(sub.node_features, features[keep])
+    assert [keep[p] if p >= 0 else -1 for p in sub.parents.tolist()] == [int(tree.parents[k]) for k in keep]
+    fresh = DraftTree(sub.tokens, sub.parents, sub.scores)  # depths computed from the parents
+    assert sub.depths.tolist() == fresh.depths.tolist()
+
+
+def test_a_subtree_missing_a_parent_or_the_root_is_refused():
+    tree = chain_tree([5, 6, 7, 8])
+    with pytest.raises(ValueError, match="parent"):
+        tree.subtree([0, 2])
+    with pytest.raises(ValueError, match="root"):
+        tree.subtree([1, 2])
+
+
+@given(st.lists(trees(max_nodes=12), min_size=1, max_size=4))
+@settings(max_examples=40, deadline=None)
+def test_a_forests_levels_partition_its_drafted_nodes_by_depth(rows):
+    from moe_spec.core.forest import StepForest
+
+    forest = StepForest(rows)
+    levels = forest.levels
+    assert len(levels) == forest.max_depth
+    seen = []
+    for depth, (nodes, parents) in enumerate(levels, start=1):
+        assert (forest.depths[nodes] == depth).all()
+        assert (parents == forest.parents[nodes]).all()
+        seen += nodes.tolist()
+    assert sorted(seen) == [node for node in range(forest.num_nodes) if forest.depths[node] > 0]

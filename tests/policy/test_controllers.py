@@ -334,20 +334,26 @@ def test_observing_learns_what_predicting_the_pass_afresh_would(profiled):
     _, _, profile = profiled
     if not profile.cost_model.num_layers:
         pytest.skip("a dense target has no routing to reuse")
-    trees = _forest(1, 9, seed=7)
-    reused, afresh = MoeAwareController(profile), MoeAwareController(profile)
-    for controller in (reused, afresh):
-        controller.begin(TreeBudget(60, 5, 10))
-    plan = reused.plan(StepForest(trees), draft_ms=2.0)
-    verified = list(plan.verify)
-    acceptance = Acceptance([0] + ([1] if verified[0].num_drafted else []), 3)
-    record = _record(verified, [acceptance], verify_ms=30.0, draft_ms=2.0)
-    reused.observe(record)
-    afresh.cost_correction.update(afresh.predicted_verify_ms(record.verified), record.verify_ms)
-    afresh._learn_acceptance(record)
-    assert reused.cost_correction.scale == pytest.approx(afresh.cost_correction.scale)
-    assert reused.acceptance_correction.observed == pytest.approx(afresh.acceptance_correction.observed)
-    assert reused.acceptance_correction.predicted == pytest.approx(afresh.acceptance_correction.predicted)
+    for rows, seed in ((1, 7), (1, 8), (3, 9)):
+        trees = _forest(rows, 9, seed=seed)
+        reused, afresh = MoeAwareController(profile), MoeAwareController(profile)
+        for controller in (reused, afresh):
+            controller.begin(TreeBudget(60, 5, 10))
+            # prices at another speed than profiled, with a batch's offset: the plan's prediction
+            # must still come back in the profile's own prices
+            controller.cost_correction.log_scale, controller.cost_correction.offset_ms = 0.6, 1.5
+        plan = reused.plan(StepForest(trees), draft_ms=2.0)
+        verified = list(plan.verify)
+        acceptances = [Acceptance([0] + ([1] if tree.num_drafted else []), 3) for tree in verified]
+        record = _record(verified, acceptances, verify_ms=30.0, draft_ms=2.0)
+        assert reused._verify_plan.predicted_ms == pytest.approx(afresh.predicted_verify_ms(record.verified))
+        reused.observe(record)
+        afresh.cost_correction.update(afresh.predicted_verify_ms(record.verified), record.verify_ms, rows=rows)
+        afresh._learn_acceptance(record)
+        assert reused.cost_correction.scale == pytest.approx(afresh.cost_correction.scale)
+        assert reused.cost_correction.offset_ms == pytest.approx(afresh.cost_correction.offset_ms)
+        assert reused.acceptance_correction.observed == pytest.approx(afresh.acceptance_correction.observed)
+        assert reused.acceptance_correction.predicted == pytest.approx(afresh.acceptance_correction.predicted)
 
 
 def test_the_gate_compares_a_batch_with_a_plain_pass_of_the_whole_batch(profiled):

@@ -182,6 +182,21 @@ def test_the_controller_prices_by_the_predictor_the_profile_keeps(fitted, keeps)
     assert torch.equal(controller._expert_probs(without), profile.priced_experts(without.tokens))
 
 
+def test_the_predicted_sets_are_the_k_largest_logits_and_roots_the_tables(fitted):
+    """`predict_onehot` (numpy, on the controller's critical path) against its definition in torch."""
+    profile, nodes = fitted
+    predictor, table = profile.head_routing.predictor, profile.expert_table
+    features, tokens = nodes.features, nodes.tokens
+    depths = torch.arange(len(tokens)) % 3  # every third node a root
+    onehot = predictor.predict_onehot(features, tokens, depths, table)  # [L, N, E]
+    logits = predictor.logits(features, tokens, table)
+    expected = torch.zeros_like(logits).scatter_(2, logits.topk(predictor.top_k, dim=-1).indices, 1.0)
+    roots = depths == 0
+    expected[:, roots] = table.predict_onehot_tokens(tokens[roots])
+    assert torch.equal(onehot, expected)
+    assert torch.equal(onehot.sum(-1), torch.full(onehot.shape[:2], float(predictor.top_k)))
+
+
 def test_features_of_the_wrong_width_are_named(fitted):
     profile, nodes = fitted
     predictor = profile.head_routing.predictor
