@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from moe_spec.core.control import StepPlan
 from moe_spec.core.drafting import EAGLE2_BUDGET, NO_DRAFT, TreeBudget
@@ -15,6 +16,15 @@ from moe_spec.policy.online_correction import DraftCostTracker, ThroughputTracke
 from moe_spec.policy.profiled import ProfiledController
 from moe_spec.policy.selection import StepPrices, grow_forest
 from moe_spec.profile.cost_model import expected_unique_experts
+
+
+class _Choice(NamedTuple):
+    """One step's sized choice (`ForestGrowth.sized_shape`), what the next candidate tree is sized from."""
+
+    nodes: int  # most chosen nodes in one row (0: none, or a plain step)
+    depth: int  # the deepest chosen node's depth
+    edge: bool  # it reached the candidates' last level, or took every drafted node
+    full: bool = False  # it took every drafted node: the candidates bounded it, not the prices
 
 
 @dataclass(frozen=True)
@@ -80,7 +90,7 @@ class MoeAwareController(ProfiledController):
 
     def _fresh_history(self) -> None:
         self.rates = ThroughputTracker()
-        self._recent: deque[tuple[int, int, bool]] = deque(maxlen=self.recent_steps)  # (nodes, depth, at edge) chosen
+        self._recent: deque[_Choice] = deque(maxlen=self.recent_steps)  # the last sized choices
         self._plain_steps = 0
         self.draft_costs = DraftCostTracker()
 
@@ -96,7 +106,7 @@ class MoeAwareController(ProfiledController):
         candidates = StepForest.of(candidates)
         self._rows = candidates.rows
         if candidates.num_drafted == 0:  # drafting was skipped: a plain step
-            self._recent.append((0, 0, False))
+            self._recent.append(_Choice(0, 0, False))
             self._verify_plan = None
             return StepPlan(candidates, self._next_budget())
         probs = self._expert_probs(candidates) if self.price_experts else None
@@ -109,8 +119,8 @@ class MoeAwareController(ProfiledController):
         # a set d levels deep needs d + 1 head forwards (the last finds nothing better to keep)
         growth = grow_forest(candidates, prices, cost, depth_ms, draft_fixed_ms=fixed_ms + depth_ms, residency=residency)
         nodes, depth = growth.sized_shape()
-        edge = depth >= candidates.max_depth or growth.best_size >= candidates.num_drafted
-        self._recent.append((nodes, depth, edge))
+        full = growth.best_size >= candidates.num_drafted
+        self._recent.append(_Choice(nodes, depth, depth >= candidates.max_depth or full, full))
         if nodes:
             self._plain_steps = 0
         calibrated = self._calibrated(candidates)  # [N] the values `observe` learns acceptance from
@@ -225,33 +235,44 @@ class MoeAwareController(ProfiledController):
         # without online measurements (a replay) the model's verdict pauses drafting; with them, the
         # measured rates do: the model's zero-node choices over a few steps of bad luck paused
         # drafting where speculation was measured to pay (1.35x ar against 1.41x, shipped set)
-        chose_plain = len(self._recent) == self.recent_steps and all(nodes == 0 for nodes, _, _ in self._recent)
+        chose_plain = len(self._recent) == self.recent_steps and all(choice.nodes == 0 for choice in self._recent)
         if (chose_plain and not self.adapt) or (self.adapt and self.rates.speculation_loses(plain_rate=self._plain_rate())):
             self._plain_steps += 1
             if self._plain_steps % self.probe_every:
                 return NO_DRAFT  # speculation has not paid lately: skip drafting
+        if self.sampled:
+            return self._sized_sampled(default)
         if len(self._recent) < self.recent_steps:
-            # sampled trees are verified whole: start them small (a 10-node sampled tree cost twice a
-            # plain step at T = 1 on the shipped prompts, where 2-node ones paid 1.2x)
-            return self._sized(default, self.sampled_min, 2) if self.sampled else self._sized(default, 8, 3)
-        nodes = max(nodes for nodes, _, _ in self._recent)
-        depth = max(depth for _, depth, _ in self._recent)
-        deeper = any(edge for _, _, edge in self._recent)  # a recent choice used the candidates' last level
+            return self._sized(default, 8, 3)
+        nodes = max(choice.nodes for choice in self._recent)
+        depth = max(choice.depth for choice in self._recent)
+        deeper = any(choice.edge for choice in self._recent)  # a recent choice used the candidates' last level
         return self._sized(default, nodes, depth, deeper)
 
+    def _sized_sampled(self, default: TreeBudget) -> TreeBudget:
+        """The next sampled candidate tree: verified whole, so drafted at the size last chosen (no
+        overshoot to cut), one node larger and one level deeper only where that choice took every
+        node or level drafted (the candidates bounded it, not the prices); `sampled_min` nodes to
+        start with or after a plain step (a 10-node sampled tree cost twice a plain step at T = 1 on
+        the shipped prompts, where 2-node ones paid 1.2x). Sized 1.25x the recent choices and at
+        least one node more, as top candidates are, the trees grew to 3.5 nodes where the choices
+        were 2 and a fixed 2 paid most (1.10x ar against 1.23x at T = 1, all 32 shipped prompts)."""
+        last = self._recent[-1] if self._recent else None
+        nodes = last.nodes + last.full if last is not None and last.nodes else self.sampled_min
+        depth = last.depth + last.edge if last is not None and last.nodes else 2
+        nodes = min(default.max_nodes, max(self.sampled_min, nodes))
+        # at least a chain of two: siblings drawn from one q accept less than a draw from the
+        # accepted child's own q (static:2@sampled, a chain, paid 1.3x ar at T = 1)
+        depth = min(default.max_depth, max(depth, 2))
+        return TreeBudget(nodes, depth, min(default.branching, max(2, -(-nodes // depth))), sampled=True,
+                          node_features=self.wants_node_features)
+
     def _sized(self, default: TreeBudget, nodes: int, depth: int, deeper: bool = True) -> TreeBudget:
-        """A candidate tree around `nodes` chosen nodes per row `depth` deep: `candidate_growth` times
-        the nodes and at least one more, one level deeper if `deeper`, and only as many expansions per level as that many
-        nodes can use (each expansion is a row of the head's forward and of its output projection)."""
-        # sampled trees are verified whole, so they are drafted smaller (`sampled_min`) but grown the
-        # same way: a choice made on a tree of the last choice's size alone could only shrink.
-        # At least one node more than chosen: at 2 nodes, 1.25x rounds back to 2, and sampled
-        # trees stayed at 2 nodes whatever their nodes were worth (1.8 a step at T = 0.7, where a
-        # fixed 4 paid 1.50x ar against 1.31x)
-        floor = self.sampled_min if self.sampled else self.candidate_min
-        nodes = min(default.max_nodes, max(floor, round(self.candidate_growth * nodes), nodes + 1))
-        # a sampled tree is at least a chain of two: siblings drawn from one q accept less than a
-        # draw from the accepted child's own q (static:2@sampled, a chain, paid 1.3x ar at T = 1)
-        depth = min(default.max_depth, max(depth + deeper, 2 if self.sampled else 1))
-        return TreeBudget(nodes, depth, min(default.branching, max(2, -(-nodes // depth))), sampled=self.sampled,
+        """A candidate tree of top tokens around `nodes` chosen nodes per row `depth` deep:
+        `candidate_growth` times the nodes (at least `candidate_min`), one level deeper if `deeper`,
+        and only as many expansions per level as that many nodes can use (each expansion is a row of
+        the head's forward and of its output projection)."""
+        nodes = min(default.max_nodes, max(self.candidate_min, round(self.candidate_growth * nodes)))
+        depth = min(default.max_depth, max(depth + deeper, 1))
+        return TreeBudget(nodes, depth, min(default.branching, max(2, -(-nodes // depth))), sampled=False,
                           node_features=self.wants_node_features)

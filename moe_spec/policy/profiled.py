@@ -34,6 +34,7 @@ class ProfiledController:
         self.sampled = False  # this request's candidates are sampled (set by `begin`)
         self.calibration = profile.calibration  # the acceptance calibration matching this request
         self._last_calibrated: tuple[StepForest, np.ndarray] | None = None  # (forest, its calibrated values)
+        self._scaled: tuple[tuple[float, float], CostModel] | None = None  # (correction, the cost model it scales)
         self._fresh_corrections()
 
     def _fresh_corrections(self) -> None:
@@ -62,16 +63,11 @@ class ProfiledController:
     def values_of(self, forest: StepForest) -> list[torch.Tensor]:
         """`values` of every row's tree, computed over all rows' nodes at once (each tree's [N_b])."""
         forest = StepForest.of(forest)
-        values = self._calibrated(forest)
-        depths = forest.depths
-        if self.adapt and forest.max_depth:
-            factor = np.array([1.0] + [self.acceptance_correction.factor(d) for d in range(1, forest.max_depth + 1)])
-            values = values * factor[depths]
-            for nodes, parents in forest.levels:  # keep values non-increasing down every path
-                values[nodes] = np.minimum(values[nodes], values[parents])
-        else:
-            values = values.copy()
-        values[depths == 0] = 1.0
+        values = self._calibrated(forest).copy()  # roots 1
+        if self.adapt:
+            factor = self.acceptance_correction.factor
+            for depth, (nodes, parents) in enumerate(forest.levels, start=1):  # parents' values are final
+                values[nodes] = np.minimum(values[nodes] * factor(depth), values[parents])  # non-increasing down paths
         return forest.split(torch.from_numpy(values))
 
     def _calibrated(self, forest: StepForest) -> np.ndarray:
@@ -86,18 +82,21 @@ class ProfiledController:
         return values
 
     def _calibrated_afresh(self, forest: StepForest) -> np.ndarray:
-        depths, parents, scores = forest.depths, forest.parent_or_self, forest.scores
-        conditional = self.calibration.conditional_probability_of(np.exp(scores - scores[parents]), depths)
-        conditional[depths == 0] = 1.0
-        for nodes, parents in forest.levels:  # path products, a level at a time
-            conditional[nodes] *= conditional[parents]
-        return conditional
+        scores = forest.scores
+        values = np.ones(forest.num_nodes)
+        for depth, (nodes, parents) in enumerate(forest.levels, start=1):  # path products, a level at a time
+            conditional_q = np.exp(scores[nodes] - scores[parents])
+            values[nodes] = self.calibration.conditional_map(depth)(conditional_q) * values[parents]
+        return values
 
     def cost_model(self) -> CostModel:
         base = self.profile.cost_model
         if not self.adapt:
             return base
-        return base.scaled(self.cost_correction.scale, self.cost_correction.offset_ms)
+        key = (self.cost_correction.log_scale, self.cost_correction.offset_ms)
+        if self._scaled is None or self._scaled[0] != key:  # rebuilt when the correction moved
+            self._scaled = (key, base.scaled(self.cost_correction.scale, self.cost_correction.offset_ms))
+        return self._scaled[1]
 
     def _learn_acceptance(self, record: StepRecord, values: np.ndarray | None = None) -> None:
         """Per depth, the verified nodes' calibrated values against the accepted paths' nodes.

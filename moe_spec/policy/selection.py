@@ -50,6 +50,7 @@ import torch
 from moe_spec.profile.cost_model import CostModel
 from moe_spec.core.forest import StepForest
 from moe_spec.core.tree import DraftTree
+from moe_spec.policy.row_growth import flat_expert_sets, grow_one_row
 
 
 @dataclass(frozen=True)
@@ -243,6 +244,12 @@ def grow_forest(
     """
     forest = StepForest.of(trees)
     n, batch = forest.num_nodes, forest.rows
+    limit = n - batch if max_nodes is None else min(max_nodes, n - batch)
+    patience = 11 + batch if patience is None else patience
+    if batch == 1 and residency is None:  # the common case, in plain Python (`row_growth`)
+        growth = _grow_one_row(forest, prices[0], cost, depth_ms, draft_fixed_ms, limit, patience)
+        if growth is not None:
+            return growth
     values = np.concatenate([p.values.double().numpy() for p in prices])  # [N]
     depths, parents, row_of = forest.depths, forest.parents, forest.row_of
     priced = cost.num_layers > 0 and all(p.expert_probs is not None for p in prices)
@@ -253,8 +260,6 @@ def grow_forest(
     else:
         roots_ms = cost.fixed_ms(batch) + cost.per_token_ms * batch
     grown = _Growth(float(batch), roots_ms, np.ones(batch, dtype=np.int64))
-    limit = n - batch if max_nodes is None else min(max_nodes, n - batch)
-    patience = 11 + batch if patience is None else patience
     chosen: list[int] = []
     history = [(grown.value, grown.verify_ms, grown.draft_ms)]  # after 0, 1, ... added nodes
     best_rate, best_size, stale = grown.rate(), 0, 0  # stale: changes since the best set
@@ -288,6 +293,22 @@ def grow_forest(
             best_rate, best_size, stale = grown.rate(), len(chosen), 0
     value, verify_ms, draft_ms = (np.array(column) for column in zip(*history))
     return ForestGrowth(forest, chosen, value, verify_ms, draft_ms, best_size)
+
+
+def _grow_one_row(forest: StepForest, prices: StepPrices, cost: CostModel, depth_ms: float, draft_fixed_ms: float,
+                  limit: int, patience: int) -> ForestGrowth | None:
+    """`row_growth.grow_one_row` on one row's tree; None when its routing is priced as
+    probabilities (not 0/1 sets), which the vectorised growth handles."""
+    priced = cost.num_layers > 0 and prices.expert_probs is not None
+    sets = flat_expert_sets(prices.expert_probs) if priced else None
+    if priced and sets is None:
+        return None
+    expert_ms = cost.expert_weights().tolist() if priced else []
+    num_experts = int(prices.expert_probs.shape[-1]) if priced else 0
+    order, value, verify_ms, draft_ms, best_size = grow_one_row(
+        prices.values.tolist(), forest.parents.tolist(), forest.depths.tolist(), sets, expert_ms, num_experts,
+        cost.per_token_ms, cost.fixed_ms(1), depth_ms, draft_fixed_ms, limit, patience)
+    return ForestGrowth(forest, order, np.array(value), np.array(verify_ms), np.array(draft_ms), best_size)
 
 
 def _next_node(frontier: np.ndarray, grown: _Growth, values: np.ndarray, expert_ms: np.ndarray, depths: np.ndarray,

@@ -71,7 +71,11 @@ class IsotonicMap:
         return IsotonicMap(tuple(knots_x.tolist()), tuple(knots_y.tolist()), int(len(x)))
 
     def __call__(self, x: np.ndarray) -> np.ndarray:
-        return np.interp(np.asarray(x, dtype=np.float64), self.knots_x, self.knots_y)
+        knots = self.__dict__.get("_arrays")
+        if knots is None:  # the knots as arrays, once (np.interp would convert the tuples every call)
+            knots = (np.asarray(self.knots_x, dtype=np.float64), np.asarray(self.knots_y, dtype=np.float64))
+            object.__setattr__(self, "_arrays", knots)
+        return np.interp(np.asarray(x, dtype=np.float64), *knots)
 
     def to_dict(self) -> dict:
         return {"x": list(self.knots_x), "y": list(self.knots_y), "samples": self.samples}
@@ -175,6 +179,10 @@ class AcceptanceCalibration:
 
     def _bucket(self, depth: np.ndarray) -> np.ndarray:
         return np.clip(depth, 1, self.max_depth_bucket) - 1
+
+    def conditional_map(self, depth: int) -> IsotonicMap:
+        """The map of conditional q -> P(conditionally accepted) for nodes at `depth` (>= 1)."""
+        return self.conditional[min(max(depth, 1), self.max_depth_bucket) - 1]
 
     def conditional_probability_of(self, conditional_q: np.ndarray, depth: np.ndarray) -> np.ndarray:
         out = np.empty(len(depth))

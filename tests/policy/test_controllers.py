@@ -8,7 +8,7 @@ import torch
 from moe_spec import LookupDrafter, SpecDecoder, TreeBudget
 from moe_spec.core.acceptance import Acceptance
 from moe_spec.policy.static import StaticController
-from moe_spec.policy.moe_aware import MoeAwareController
+from moe_spec.policy.moe_aware import MoeAwareController, _Choice
 from moe_spec.policy.truncate import TruncateController, token_count_cost
 from moe_spec.policy.online_correction import AcceptanceCorrection
 from moe_spec.measure.latency import TimingConfig
@@ -240,15 +240,36 @@ def test_candidate_trees_go_deeper_only_after_a_choice_used_their_last_level(pro
     default = TreeBudget(60, 5, 10)
     chain = DraftTree.from_lists([1, 2, 3, 4], [-1, 0, 1, 2], scores=[0.0, -0.01, -0.02, -0.03])
     controller.begin(default)
-    controller._recent.extend([(2, 2, False)] * 4)  # chose 2 levels of deeper candidates
+    controller._recent.extend([_Choice(2, 2, False)] * 4)  # chose 2 levels of deeper candidates
     assert controller._next_budget().max_depth == 2
-    controller._recent.append((3, 3, True))  # a choice reached the candidates' last level
+    controller._recent.append(_Choice(3, 3, True))  # a choice reached the candidates' last level
     assert controller._next_budget().max_depth == 4
     plan = controller.plan(StepForest((chain,)), draft_ms=1.0)
     verified = plan.verify[0]
-    sized_nodes, sized_depth, edge = controller._recent[-1]
+    sized_nodes, sized_depth, edge, _ = controller._recent[-1]
     assert edge == (sized_depth == 3), "the edge is the sized choice's, not the verified set's"
     assert int(verified.depths.max()) >= sized_depth, "drafted nodes are verified at least as deep as sized"
+
+
+def test_sampled_candidates_are_drafted_at_the_size_chosen_and_grow_only_when_it_took_them_all(profiled):
+    """Sampled trees are verified whole: no overshoot, one node (and level) more only when the last
+    choice used every drafted node, the start and a plain step at `sampled_min`, never below a chain of two."""
+    from moe_spec.core.sampling import SamplingConfig
+
+    _, _, profile = profiled
+    controller = MoeAwareController(profile, scheme="sampled")
+    default = TreeBudget(60, 5, 10)
+    first = controller.begin(default, SamplingConfig(temperature=1.0))
+    assert first.sampled and (first.max_nodes, first.max_depth) == (controller.sampled_min, 2)
+    controller._recent.append(_Choice(3, 2, False, False))  # chose 3 of more drafted nodes
+    assert (controller._next_budget().max_nodes, controller._next_budget().max_depth) == (3, 2)
+    controller._recent.append(_Choice(3, 3, True, True))  # took every drafted node: the candidates bounded it
+    assert (controller._next_budget().max_nodes, controller._next_budget().max_depth) == (4, 4)
+    controller._recent.append(_Choice(1, 1, True, True))
+    assert (controller._next_budget().max_nodes, controller._next_budget().max_depth) == (2, 2)
+    controller._recent.append(_Choice(0, 0, False))  # a plain step
+    assert controller._next_budget().max_nodes == controller.sampled_min
+    assert controller._next_budget().sampled
 
 
 def _record(trees: list[DraftTree], acceptances: list[Acceptance], verify_ms: float, draft_ms: float) -> StepRecord:

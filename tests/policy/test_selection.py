@@ -292,3 +292,36 @@ def test_the_growth_records_each_set_it_passed_through():
         assert growth.verify_ms[size] == pytest.approx(subset_verify_ms(cost, keep, prices.expert_probs))
         assert growth.value[size] == pytest.approx(1.0 + float(prices.values[keep[1:]].sum()))
     assert growth.sized() == best_first_forest([tree], [prices], cost, depth_ms)
+
+
+def test_the_one_row_growth_in_python_is_the_vectorised_growth():
+    """`row_growth` (one row, 0/1 expert sets, plain Python) against the vectorised growth, which
+    runs when residency is passed (all resident and no fetch cost: the same prices): the same
+    order, the same value, verify and draft time after every node, the same best set. Per-layer
+    and shared per-expert prices, with and without experts priced, capped and uncapped."""
+    from moe_spec.policy.row_growth import flat_expert_sets
+
+    rng = np.random.default_rng(3)
+    compared = 0
+    for case in range(150):
+        layers, experts = int(rng.integers(1, 5)), int(rng.integers(4, 17))
+        trees, prices = _random_forest(rng, 1, 30, layers, experts, fractional=False)
+        shared = case % 2 == 0
+        cost = CostModel(base_ms=rng.uniform(2, 20), per_token_ms=rng.uniform(0.02, 0.5),
+                         per_expert_ms=(rng.uniform(0.05, 1.0),) if shared else tuple(rng.uniform(0.05, 1.0, size=layers)),
+                         num_layers=layers)
+        depth_ms, fixed_ms = rng.uniform(0, 3), rng.uniform(0, 3) * (case % 3 == 0)
+        price = prices[0] if case % 5 else StepPrices(prices[0].values, None)
+        max_nodes = None if case % 4 else int(rng.integers(1, 8))
+        resident = torch.ones(layers, experts, dtype=torch.bool)
+        fast = grow_forest(trees, [price], cost, depth_ms, max_nodes, draft_fixed_ms=fixed_ms)
+        vectorised = grow_forest(trees, [price], cost, depth_ms, max_nodes, draft_fixed_ms=fixed_ms, residency=resident)
+        assert fast.order == vectorised.order and fast.best_size == vectorised.best_size, f"case {case}"
+        for field in ("value", "verify_ms", "draft_ms"):
+            assert np.allclose(getattr(fast, field), getattr(vectorised, field)), f"case {case}: {field}"
+        compared += len(fast.order) > 2
+    assert compared > 100, "the cases must exercise growth"
+    sets = flat_expert_sets(torch.tensor([[[0.0, 1.0, 1.0], [1.0, 0.0, 1.0]], [[1.0, 1.0, 0.0], [0.0, 1.0, 1.0]]]))
+    assert sets == [frozenset({1, 2, 3, 4}), frozenset({0, 2, 4, 5})]  # node n: layer * E + expert
+    assert flat_expert_sets(torch.tensor([[[0.5, 1.0, 0.5]]])) is None  # probabilities: the vectorised growth
+    assert flat_expert_sets(torch.tensor([[[1.0, 1.0, 0.0], [1.0, 0.0, 0.0]]])) is None  # sets of unequal size

@@ -1,0 +1,111 @@
+"""Best-first growth of one row's tree in plain Python: `selection.grow_forest`'s common case.
+
+One sequence decoding with top candidates priced by 0/1 expert sets (what the head routing
+predictor and the token table's top-K give) is the step the controller plans most often, on a few
+dozen nodes. There numpy's cost is its calls, not its arithmetic: some 120 calls a step, each
+two to three times slower than in a loop of its own, because the target's forward between two
+steps evicts the interpreter's and numpy's working set from the caches (a plan measured 0.75 ms
+replayed back to back and 1.25 ms inside decoding). Sets of (layer, expert) ids and Python floats
+touch far less, so this grows the same set in the same order, with the same prices, as the
+vectorised growth (`selection.grow_forest`, which the tests hold it to), for one row only and
+without residency pricing.
+
+A node's price is the per-expert ms of the (layer, expert) pairs it would load that no chosen
+node loads yet; choosing a node lowers the price of every frontier node sharing its new pairs.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def flat_expert_sets(expert_probs) -> list[frozenset[int]] | None:
+    """[L, N, E] 0/1 predicted routing (torch or numpy) -> per node the frozenset of its flat
+    (layer * E + expert) ids; None when the routing is not 0/1 sets of one size per node (priced
+    as probabilities: the vectorised growth handles those)."""
+    probs = np.asarray(expert_probs)
+    layers, nodes, experts = probs.shape
+    flat = probs.transpose(1, 0, 2).reshape(nodes, layers * experts)  # [N, L*E]
+    counts = np.count_nonzero(flat, axis=1)  # [N]
+    per_node = int(counts[0]) if nodes else 0
+    if not per_node or (counts != per_node).any() or float(flat.sum()) != per_node * nodes:  # ones only, K per layer
+        return None
+    ids = np.flatnonzero(flat).reshape(nodes, per_node) % (layers * experts)  # [N, K*L] column ids, row by row
+    return [frozenset(row) for row in ids.tolist()]
+
+
+def _weights(expert_ms: tuple[float, ...], num_experts: int) -> list[float]:
+    """ms per flat (layer, expert) id, cached per cost model (the same few every step)."""
+    key = (expert_ms, num_experts)
+    if key not in _WEIGHTS:
+        if len(_WEIGHTS) > 64:
+            _WEIGHTS.clear()
+        _WEIGHTS[key] = [expert_ms[x // num_experts] for x in range(len(expert_ms) * num_experts)]
+    return _WEIGHTS[key]
+
+
+_WEIGHTS: dict[tuple[tuple[float, ...], int], list[float]] = {}
+
+
+def grow_one_row(values: list[float], parents: list[int], depths: list[int], sets: list[frozenset[int]] | None,
+                 expert_ms: list[float], num_experts: int, per_token_ms: float, roots_fixed_ms: float,
+                 depth_ms: float, draft_fixed_ms: float, limit: int, patience: int,
+                 ) -> tuple[list[int], list[float], list[float], list[float], int]:
+    """One row's best-first growth (node 0 the root). sets: each node's (layer, expert) ids, None
+    when experts are not priced; expert_ms: [L] ms per newly loaded expert of each layer;
+    roots_fixed_ms: the pass's fixed cost. Returns (order, value, verify_ms, draft_ms, best_size)
+    as `selection.ForestGrowth` holds them."""
+    n = len(values)
+    children: list[list[int]] = [[] for _ in range(n)]
+    for node in range(1, n):
+        children[parents[node]].append(node)
+    # one price for every layer's experts (a shared per-expert cost): a node's price is that times
+    # the count of its new ids, no per-id sums
+    uniform = expert_ms[0] if expert_ms and min(expert_ms) == max(expert_ms) else None
+    weight = _weights(tuple(expert_ms), num_experts) if sets is not None and uniform is None else []
+    loaded = set(sets[0]) if sets is not None else set()
+
+    def priced(ids) -> float:
+        return uniform * len(ids) if uniform is not None else sum(weight[x] for x in ids)
+
+    roots_ms = roots_fixed_ms + per_token_ms + (priced(loaded) if sets is not None else 0.0)
+    price: dict[int, float] = {}  # frontier node -> ms of the experts it would newly load
+
+    def enter(node: int) -> None:
+        price[node] = priced(sets[node] - loaded) if sets is not None else 0.0
+
+    for child in children[0]:
+        enter(child)
+    value, verify, deepest, draft = 1.0, roots_ms, 0, 0.0
+    order: list[int] = []
+    values_seen, verify_seen, draft_seen = [value], [verify], [draft]
+    best_rate, best_size, stale = value / max(verify, 1e-9), 0, 0
+    while len(order) < limit and stale < patience and price:
+        pick, pick_ratio = -1, 0.0
+        for node in sorted(price):  # ascending: ties go to the lower index, as numpy's argmax
+            deeper = depth_ms * max(depths[node] - deepest, 0) + (draft_fixed_ms if deepest == 0 else 0.0)
+            ratio = values[node] / max(price[node] + per_token_ms + deeper, 1e-9)
+            if pick < 0 or ratio > pick_ratio:
+                pick, pick_ratio = node, ratio
+        verify += per_token_ms + price.pop(pick)
+        deepest = max(deepest, depths[pick])
+        draft = draft_fixed_ms + depth_ms * deepest
+        value += values[pick]
+        order.append(pick)
+        if sets is not None:
+            new = sets[pick] - loaded
+            loaded |= new
+            for node in price:  # their shared new experts are loaded now
+                shared = sets[node] & new
+                if shared:
+                    price[node] -= priced(shared)
+        for child in children[pick]:
+            enter(child)
+        stale += 1
+        values_seen.append(value)
+        verify_seen.append(verify)
+        draft_seen.append(draft)
+        rate = value / max(draft + verify, 1e-9)
+        if rate > best_rate:
+            best_rate, best_size, stale = rate, len(order), 0
+    return order, values_seen, verify_seen, draft_seen, best_size
