@@ -19,7 +19,7 @@ from moe_spec.policy.registry import MethodContext, build_method
 from moe_spec.testing.helpers import PLAIN_PROMPT, REPETITIVE_PROMPT, hf_greedy, random_eagle_head
 from moe_spec.testing.tiny_models import MOE_ARCHITECTURES
 
-from offload_helpers import NUM_EXPERTS, TOP_K, assert_served_by_offload, model_of
+from offload_helpers import NUM_EXPERTS, TOP_K, assert_same_logits, assert_served_by_offload, model_of
 
 NEW_TOKENS = 10
 CACHES = {
@@ -76,7 +76,7 @@ def test_logits_are_bit_identical_to_the_replaced_implementation_for_every_cache
         with torch.no_grad():
             for (ids, mask), want in zip(passes, expected):  # the second pass finds a warm cache
                 got = model(input_ids=ids, attention_mask=mask).logits
-                assert torch.equal(got, want), f"{arch} {base} {dtype} {name}: max diff {(got - want).abs().max()}"
+                assert_same_logits(got, want, arch, f"{arch} {base} {dtype} {name}: max diff {(got - want).abs().max()}")
         assert_served_by_offload(model, offload)
 
 
@@ -93,7 +93,7 @@ def test_logits_stay_bit_identical_with_three_experts_per_token(make_offloaded, 
         model, offload = make_offloaded(arch, eager=eager, model_kwargs=dict(num_experts_per_tok=3), **config)
         assert offload.top_k == 3
         with torch.no_grad():
-            assert torch.equal(model(input_ids=ids, attention_mask=mask).logits, want), f"{arch} {base} {config}"
+            assert_same_logits(model(input_ids=ids, attention_mask=mask).logits, want, arch, f"{arch} {base} {config}")
 
 
 # ---- greedy decoding ----------------------------------------------------------------------------
