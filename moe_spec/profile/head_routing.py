@@ -99,15 +99,20 @@ class HeadRoutingPredictor:
     def logits(self, features: torch.Tensor, tokens: torch.Tensor, table: TokenExpertTable | None) -> torch.Tensor:
         """features: [N, D] parents' head outputs; tokens: [N] long -> [L, N, E] float32 logits.
         `table` is needed exactly when some table_scale is nonzero."""
+        features, tokens = self._checked(features, tokens)
+        h = F.rms_norm(features.cpu().float(), (self.hidden_size,)) @ self.context_projection  # [N, R_h]
+        flat = torch.addmm(self._token_terms(table)[tokens], h, self.context_weight)  # [N, L*E]
+        return flat.view(len(tokens), self.num_layers, self.num_experts).transpose(0, 1)  # [L, N, E]
+
+    def _checked(self, features: torch.Tensor, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(features [N, D] float32, tokens [N] long) on the CPU, or a ValueError naming what is wrong."""
         tokens = tokens.cpu().long()
         if features.dim() != 2 or features.shape != (len(tokens), self.hidden_size):
             raise ValueError(f"features must be [{len(tokens)}, {self.hidden_size}] (the head's hidden size), "
                              f"got {tuple(features.shape)}")
         if len(tokens) and (int(tokens.min()) < 0 or int(tokens.max()) >= self.vocab_size):
             raise ValueError(f"tokens must be ids in 0..{self.vocab_size - 1}")
-        h = F.rms_norm(features.cpu().float(), (self.hidden_size,)) @ self.context_projection  # [N, R_h]
-        flat = torch.addmm(self._token_terms(table)[tokens], h, self.context_weight)  # [N, L*E]
-        return flat.view(len(tokens), self.num_layers, self.num_experts).transpose(0, 1)  # [L, N, E]
+        return features.detach().cpu().float(), tokens
 
     def _token_terms(self, table: TokenExpertTable | None) -> torch.Tensor:
         """[V, L*E] what the logits owe to the token alone: bias + its vector's term + the blended
@@ -137,14 +142,8 @@ class HeadRoutingPredictor:
         """[L, N, E] 0/1 predicted experts: the K largest logits, roots (depth 0, no parent output) the
         table's top-K. Computed in numpy (the controller calls it every step on a few dozen nodes,
         where each torch op's dispatch costs more than its arithmetic); `logits` is the same map."""
-        tokens = tokens.cpu().long()
-        features = features.detach().cpu().float()
-        if features.dim() != 2 or features.shape != (len(tokens), self.hidden_size):
-            raise ValueError(f"features must be [{len(tokens)}, {self.hidden_size}] (the head's hidden size), "
-                             f"got {tuple(features.shape)}")
+        features, tokens = self._checked(features, tokens)
         ids = tokens.numpy()
-        if len(ids) and (int(ids.min()) < 0 or int(ids.max()) >= self.vocab_size):
-            raise ValueError(f"tokens must be ids in 0..{self.vocab_size - 1}")
         projection, weight, terms = self._numpy_weights(table)
         h = features.numpy()
         h = h / np.sqrt((h * h).mean(-1, keepdims=True) + _RMS_EPS)  # F.rms_norm's
