@@ -126,6 +126,8 @@ class StepForest:
 
     def local(self, flat_nodes: Sequence[int]) -> list[list[int]]:
         """Flat node indices -> per row, that row's own node indices (in the given order)."""
+        if self.rows == 1:  # one row: flat indices are its own
+            return [[int(node) for node in flat_nodes]]
         out: list[list[int]] = [[] for _ in range(self.rows)]
         for node in flat_nodes:
             row = int(self.row_of[node])

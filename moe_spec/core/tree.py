@@ -125,12 +125,17 @@ class DraftTree:
             raise ValueError("a subtree must contain the parent of every kept node") from None
         index = torch.tensor(kept)
         features = self.node_features[index] if self.node_features is not None else None
-        if not self.sampled:
-            tree = DraftTree(self.tokens[index], torch.tensor(parents), self.scores[index], node_features=features)
-        else:
-            tree = DraftTree(self.tokens[index], torch.tensor(parents), self.scores[index], self.proposals[index],
-                             self.proposal_ids, self.draw_rank[index], features)
-        object.__setattr__(tree, "_depths", self.depths[index])  # depths within a closed subtree are unchanged
+        sampled = self.sampled
+        # a subtree closed under parents (checked above) of a valid tree is valid, its nodes still in
+        # topological order: built without `__post_init__`'s checks (torch calls on every step's critical path)
+        tree = object.__new__(DraftTree)
+        fields = {"tokens": self.tokens[index], "parents": torch.tensor(parents), "scores": self.scores[index],
+                  "proposals": self.proposals[index] if sampled else None,
+                  "proposal_ids": self.proposal_ids if sampled else None,
+                  "draw_rank": self.draw_rank[index] if sampled else None, "node_features": features,
+                  "_depths": self.depths[index]}  # depths within a closed subtree are unchanged
+        for name, value in fields.items():
+            object.__setattr__(tree, name, value)
         return tree
 
 

@@ -109,9 +109,11 @@ class MoeAwareController(ProfiledController):
             self._recent.append(_Choice(0, 0, False))
             self._verify_plan = None
             return StepPlan(candidates, self._next_budget())
-        probs = self._expert_probs(candidates) if self.price_experts else None
+        # one row without fetches priced (the common case): the routing as id sets, no one-hot
+        sets = self._expert_sets(candidates) if self.price_experts and candidates.rows == 1 and not self._prices_fetches() else None
+        probs = self._expert_probs(candidates) if self.price_experts and sets is None else None
         row_probs = probs.split(candidates.sizes.tolist(), dim=1) if probs is not None else [None] * candidates.rows
-        prices = [StepPrices(values, p) for values, p in zip(self.values_of(candidates), row_probs)]  # p: [L, N_b, E]
+        prices = [StepPrices(values, p, sets) for values, p in zip(self.values_of(candidates), row_probs)]  # p: [L, N_b, E]
         self.draft_costs.update(self._forwards_run(candidates), draft_ms)
         fixed_ms, depth_ms = self.draft_costs.estimate()
         residency = self.residency() if probs is not None and self._prices_fetches() else None  # [L, E] bool, exact now
@@ -129,7 +131,7 @@ class MoeAwareController(ProfiledController):
         size = growth.verified_size()
         # the growth's price of the verified prefix is the pass's prediction, unless it priced fetches
         # too or no experts at all (the ablation's measured passes are compared with the full model)
-        exact = residency is None and (probs is not None or not cost.num_layers)
+        exact = residency is None and (probs is not None or sets is not None or not cost.num_layers)
         predicted = self._unscaled(cost, float(growth.verify_ms[size])) if exact else None
         if size == candidates.num_drafted:  # every drafted node pays: nothing to cut
             return self._planned(candidates, probs, calibrated, predicted)

@@ -7,6 +7,7 @@ comparing them isolates what expert pricing and global best-first selection add.
 
 from __future__ import annotations
 
+import math
 
 import numpy as np
 import torch
@@ -18,6 +19,8 @@ from moe_spec.core.step_record import StepRecord
 from moe_spec.core.tree import DraftTree
 from moe_spec.policy.candidate_scheme import CandidateScheme, resolve_scheme, with_scheme
 from moe_spec.policy.online_correction import AcceptanceCorrection, CostCorrection
+from moe_spec.policy.row_growth import ExpertSets, flat_expert_sets
+from moe_spec.profile.artifact import ExpertPricing
 from moe_spec.profile.cost_model import CostModel, expected_unique_experts
 
 
@@ -64,6 +67,14 @@ class ProfiledController:
         """`values` of every row's tree, computed over all rows' nodes at once (each tree's [N_b])."""
         forest = StepForest.of(forest)
         values = self._calibrated(forest).copy()  # roots 1
+        if self.adapt and forest.rows == 1:  # one tree: a few nodes, in plain Python (parents come first)
+            factor = self.acceptance_correction.factor
+            tree = forest[0]
+            parents, depths, clamped = tree.parents.tolist(), tree.depths.tolist(), values.tolist()
+            factors = [1.0] + [factor(depth) for depth in range(1, forest.max_depth + 1)]
+            for node in range(1, len(clamped)):
+                clamped[node] = min(clamped[node] * factors[depths[node]], clamped[parents[node]])
+            return [torch.tensor(clamped, dtype=torch.float64)]
         if self.adapt:
             factor = self.acceptance_correction.factor
             for depth, (nodes, parents) in enumerate(forest.levels, start=1):  # parents' values are final
@@ -82,11 +93,24 @@ class ProfiledController:
         return values
 
     def _calibrated_afresh(self, forest: StepForest) -> np.ndarray:
+        if forest.rows == 1:
+            return np.array(self._calibrated_row(forest[0]))
         scores = forest.scores
         values = np.ones(forest.num_nodes)
         for depth, (nodes, parents) in enumerate(forest.levels, start=1):  # path products, a level at a time
             conditional_q = np.exp(scores[nodes] - scores[parents])
             values[nodes] = self.calibration.conditional_map(depth)(conditional_q) * values[parents]
+        return values
+
+    def _calibrated_row(self, tree: DraftTree) -> list[float]:
+        """`_calibrated_afresh` of one tree in plain Python, node by node (parents come first): the
+        controller's common case, a few nodes, where each numpy call costs more than its arithmetic."""
+        scores, parents, depths = tree.scores.double().tolist(), tree.parents.tolist(), tree.depths.tolist()
+        maps = [None] + [self.calibration.conditional_map(depth) for depth in range(1, max(depths) + 1)]
+        values = [1.0] * len(scores)
+        for node in range(1, len(scores)):
+            parent = parents[node]
+            values[node] = maps[depths[node]].at(math.exp(scores[node] - scores[parent])) * values[parent]
         return values
 
     def cost_model(self) -> CostModel:
@@ -111,6 +135,17 @@ class ProfiledController:
             same = candidates is not None and len(verified.trees) == len(candidates.trees) and all(
                 a is b for a, b in zip(verified.trees, candidates.trees))  # nothing was cut: values known
             values = self._calibrated(candidates if same else verified)
+        if verified.rows == 1:  # one tree, a few nodes: the same sums in plain Python
+            tree = verified[0]
+            depths = tree.depths.tolist()
+            predicted, observed = [0.0] * (max(depths) + 1), [0] * (max(depths) + 1)
+            for depth, value in zip(depths, values.tolist() if isinstance(values, np.ndarray) else values):
+                predicted[depth] += value
+            for node in record.acceptances[0].path:
+                observed[depths[node]] += 1
+            for depth in range(1, len(predicted)):
+                self.acceptance_correction.update(depth, predicted[depth], float(observed[depth]))
+            return
         depths = verified.depths
         on_path = np.concatenate([verified.offsets[b] + np.asarray(a.path) for b, a in enumerate(record.acceptances)])
         bins = verified.max_depth + 1
@@ -145,6 +180,26 @@ class ProfiledController:
             return self.profile.priced_experts(forest.tokens)
         predictor = self.profile.head_routing.predictor
         return predictor.predict_onehot(features, forest.tokens, torch.from_numpy(forest.depths), self.profile.expert_table)
+
+    def _expert_sets(self, forest: StepForest) -> ExpertSets | None:
+        """The routing `_expert_probs` predicts, as flat (layer * E + expert) id sets, when the
+        profile prices 0/1 top-K sets (the one-row growth reads these; no one-hot is built); None
+        for a dense target or probability pricing. Where routing comes from is overridden in
+        `_expert_probs`: an override there is read through `flat_expert_sets` here."""
+        if type(self)._expert_probs is not ProfiledController._expert_probs:  # routing from elsewhere
+            probs = self._expert_probs(forest)
+            return flat_expert_sets(probs) if probs is not None else None
+        cost, table = self.profile.cost_model, self.profile.expert_table
+        if not cost.num_layers:
+            return None
+        features = _node_features(forest) if self.wants_node_features else None
+        if features is not None:
+            ids = self.profile.head_routing.predictor.predict_flat_ids(features, forest.tokens, forest.depths, table)
+        elif self.profile.expert_pricing is ExpertPricing.TOPK:
+            ids = table.flat_ids_by_token[forest.tokens.numpy()]  # [N, L*K]
+        else:
+            return None
+        return ExpertSets([frozenset(row) for row in ids.tolist()], table.num_experts)
 
 
 def _node_features(forest: StepForest) -> torch.Tensor | None:

@@ -16,13 +16,23 @@ node loads yet; choosing a node lowers the price of every frontier node sharing 
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 
 
-def flat_expert_sets(expert_probs) -> list[frozenset[int]] | None:
-    """[L, N, E] 0/1 predicted routing (torch or numpy) -> per node the frozenset of its flat
-    (layer * E + expert) ids; None when the routing is not 0/1 sets of one size per node (priced
-    as probabilities: the vectorised growth handles those)."""
+class ExpertSets(NamedTuple):
+    """Each node's predicted experts as flat (layer * E + expert) ids: 0/1 routing in the form the
+    one-row growth reads (`ProfiledController._expert_sets` predicts it without a one-hot)."""
+
+    ids: list[frozenset[int]]  # per node
+    num_experts: int  # E: flat id x is expert x % E of layer x // E
+
+
+def flat_expert_sets(expert_probs) -> ExpertSets | None:
+    """[L, N, E] 0/1 predicted routing (torch or numpy) -> its `ExpertSets`; None when the routing
+    is not 0/1 sets of one size per node (priced as probabilities: the vectorised growth handles
+    those)."""
     probs = np.asarray(expert_probs)
     layers, nodes, experts = probs.shape
     flat = probs.transpose(1, 0, 2).reshape(nodes, layers * experts)  # [N, L*E]
@@ -31,7 +41,7 @@ def flat_expert_sets(expert_probs) -> list[frozenset[int]] | None:
     if not per_node or (counts != per_node).any() or float(flat.sum()) != per_node * nodes:  # ones only, K per layer
         return None
     ids = np.flatnonzero(flat).reshape(nodes, per_node) % (layers * experts)  # [N, K*L] column ids, row by row
-    return [frozenset(row) for row in ids.tolist()]
+    return ExpertSets([frozenset(row) for row in ids.tolist()], experts)
 
 
 def _weights(expert_ms: tuple[float, ...], num_experts: int) -> list[float]:

@@ -50,7 +50,7 @@ import torch
 from moe_spec.profile.cost_model import CostModel
 from moe_spec.core.forest import StepForest
 from moe_spec.core.tree import DraftTree
-from moe_spec.policy.row_growth import flat_expert_sets, grow_one_row
+from moe_spec.policy.row_growth import ExpertSets, flat_expert_sets, grow_one_row
 
 
 @dataclass(frozen=True)
@@ -59,6 +59,14 @@ class StepPrices:
 
     values: torch.Tensor  # [N] float: calibrated P(node on the accepted path); root's entry is ignored
     expert_probs: torch.Tensor | None  # [L, N, E] predicted routing probabilities; None: dense or not priced
+    # the same routing as flat id sets (0/1 routing of one row), standing in for expert_probs where
+    # only the one-row growth reads it (`row_growth`); None: derived from expert_probs when needed
+    expert_sets: ExpertSets | None = None
+
+    @property
+    def priced(self) -> bool:
+        """The nodes' experts are priced."""
+        return self.expert_probs is not None or self.expert_sets is not None
 
 
 def throughput(value: float, draft_ms: float, verify_ms: float) -> float:
@@ -183,9 +191,12 @@ class ForestGrowth:
     def sized_shape(self) -> tuple[int, int]:
         """(most nodes in one row, deepest depth) of the best set: what the next draft is sized
         from, without building its subtrees."""
-        chosen = np.asarray(self.order[:self.best_size], dtype=np.int64)
-        if not len(chosen):
+        if not self.best_size:
             return 0, 0
+        if self.forest.rows == 1:  # one row: its chosen nodes, as deep as the deepest
+            depths = self.forest[0].depths.tolist()
+            return self.best_size, max(depths[node] for node in self.order[:self.best_size])
+        chosen = np.asarray(self.order[:self.best_size], dtype=np.int64)
         return int(np.bincount(self.forest.row_of[chosen]).max()), int(self.forest.depths[chosen].max())
 
     def sized(self) -> list[list[int]]:
@@ -250,6 +261,9 @@ def grow_forest(
         growth = _grow_one_row(forest, prices[0], cost, depth_ms, draft_fixed_ms, limit, patience)
         if growth is not None:
             return growth
+    if any(p.expert_probs is None and p.expert_sets is not None for p in prices):
+        raise ValueError("expert_sets stand in for expert_probs in one-row growth without residency only; "
+                         "pass expert_probs for several rows or with residency")
     values = np.concatenate([p.values.double().numpy() for p in prices])  # [N]
     depths, parents, row_of = forest.depths, forest.parents, forest.row_of
     priced = cost.num_layers > 0 and all(p.expert_probs is not None for p in prices)
@@ -297,16 +311,18 @@ def grow_forest(
 
 def _grow_one_row(forest: StepForest, prices: StepPrices, cost: CostModel, depth_ms: float, draft_fixed_ms: float,
                   limit: int, patience: int) -> ForestGrowth | None:
-    """`row_growth.grow_one_row` on one row's tree; None when its routing is priced as
-    probabilities (not 0/1 sets), which the vectorised growth handles."""
-    priced = cost.num_layers > 0 and prices.expert_probs is not None
-    sets = flat_expert_sets(prices.expert_probs) if priced else None
+    """`row_growth.grow_one_row` on one row's tree (its routing as `prices.expert_sets`, or derived
+    from its 0/1 `expert_probs`); None when its routing is priced as probabilities (not 0/1 sets),
+    which the vectorised growth handles."""
+    priced = cost.num_layers > 0 and prices.priced
+    sets = (prices.expert_sets if prices.expert_sets is not None else flat_expert_sets(prices.expert_probs)) if priced else None
     if priced and sets is None:
         return None
     expert_ms = cost.expert_weights().tolist() if priced else []
-    num_experts = int(prices.expert_probs.shape[-1]) if priced else 0
+    tree = forest[0]  # one row: its flat indices are the tree's own
     order, value, verify_ms, draft_ms, best_size = grow_one_row(
-        prices.values.tolist(), forest.parents.tolist(), forest.depths.tolist(), sets, expert_ms, num_experts,
+        prices.values.tolist(), tree.parents.tolist(), tree.depths.tolist(), sets.ids if priced else None,
+        expert_ms, sets.num_experts if priced else 0,
         cost.per_token_ms, cost.fixed_ms(1), depth_ms, draft_fixed_ms, limit, patience)
     return ForestGrowth(forest, order, np.array(value), np.array(verify_ms), np.array(draft_ms), best_size)
 

@@ -20,6 +20,7 @@ on the other folds), beside the ECE of the raw draft probabilities.
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -76,6 +77,21 @@ class IsotonicMap:
             knots = (np.asarray(self.knots_x, dtype=np.float64), np.asarray(self.knots_y, dtype=np.float64))
             object.__setattr__(self, "_arrays", knots)
         return np.interp(np.asarray(x, dtype=np.float64), *knots)
+
+    def at(self, x: float) -> float:
+        """The map at one point, in plain Python: what `__call__` (np.interp) computes, with its
+        arithmetic, for the controller's one-row trees (a few nodes, where a numpy call costs more
+        than the interpolation)."""
+        xs, ys = self.knots_x, self.knots_y
+        if x >= xs[-1]:
+            return ys[-1]
+        if x <= xs[0]:
+            return ys[0]
+        j = bisect_right(xs, x) - 1  # xs[j] <= x < xs[j + 1]
+        if xs[j] == x:
+            return ys[j]
+        slope = (ys[j + 1] - ys[j]) / (xs[j + 1] - xs[j])
+        return slope * (x - xs[j]) + ys[j]
 
     def to_dict(self) -> dict:
         return {"x": list(self.knots_x), "y": list(self.knots_y), "samples": self.samples}

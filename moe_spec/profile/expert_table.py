@@ -54,6 +54,8 @@ class TokenExpertTable:
         # [V, L, E] 0/1: each token id's K most likely experts per layer, built once (pricing reads it every step)
         top = self._table.topk(self.top_k, dim=-1).indices
         self._onehot = torch.zeros_like(self._table).scatter_(2, top, 1.0)
+        # [V, L*K] the same sets as flat (layer * E + expert) ids, ascending
+        self._flat_ids = (top.sort(dim=-1).values + torch.arange(num_layers)[:, None] * num_experts).flatten(1).numpy()
 
     @staticmethod
     def from_counts(
@@ -95,6 +97,12 @@ class TokenExpertTable:
     def onehot_by_token(self) -> np.ndarray:
         """[V, L, E] float32 0/1: each token id's K most likely experts per layer (a view)."""
         return self._onehot.numpy()
+
+    @property
+    def flat_ids_by_token(self) -> np.ndarray:
+        """[V, L*K] int64: each token id's K most likely experts per layer, as flat (layer * E +
+        expert) ids (the sets `onehot_by_token` marks; a view)."""
+        return self._flat_ids
 
     def predict_onehot_tokens(self, tokens: torch.Tensor) -> torch.Tensor:
         """tokens: [N] long -> [L, N, E] 0/1, as `predict_onehot`."""

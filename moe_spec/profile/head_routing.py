@@ -110,7 +110,8 @@ class HeadRoutingPredictor:
         if features.dim() != 2 or features.shape != (len(tokens), self.hidden_size):
             raise ValueError(f"features must be [{len(tokens)}, {self.hidden_size}] (the head's hidden size), "
                              f"got {tuple(features.shape)}")
-        if len(tokens) and (int(tokens.min()) < 0 or int(tokens.max()) >= self.vocab_size):
+        ids = tokens.tolist()  # a few dozen: Python's min and max cost less than two torch reductions
+        if ids and (min(ids) < 0 or max(ids) >= self.vocab_size):
             raise ValueError(f"tokens must be ids in 0..{self.vocab_size - 1}")
         return features.detach().cpu().float(), tokens
 
@@ -140,25 +141,50 @@ class HeadRoutingPredictor:
     def predict_onehot(self, features: torch.Tensor, tokens: torch.Tensor, depths: torch.Tensor,
                        table: TokenExpertTable) -> torch.Tensor:
         """[L, N, E] 0/1 predicted experts: the K largest logits, roots (depth 0, no parent output) the
-        table's top-K. Computed in numpy (the controller calls it every step on a few dozen nodes,
-        where each torch op's dispatch costs more than its arithmetic); `logits` is the same map."""
+        table's top-K (the sets `predict_flat_ids` gives, marked)."""
+        flat = self.predict_flat_ids(features, tokens, depths, table)  # [N, L*K]
+        onehot = np.zeros((len(flat), self.num_layers * self.num_experts), dtype=np.float32)
+        np.put_along_axis(onehot, flat, 1.0, axis=1)
+        return torch.from_numpy(onehot.reshape(len(flat), self.num_layers, self.num_experts).transpose(1, 0, 2))  # a view
+
+    def predict_flat_ids(self, features: torch.Tensor, tokens: torch.Tensor, depths, table: TokenExpertTable) -> np.ndarray:
+        """[N, L*K] int64: each node's K predicted experts per layer (the K largest logits; roots, at
+        depth 0 with no parent output, the table's top-K) as flat (layer * E + expert) ids, layer by
+        layer. Computed in numpy (the controller calls it every step on a few dozen nodes, where
+        each torch op's dispatch costs more than its arithmetic); `logits` is the same map."""
         features, tokens = self._checked(features, tokens)
         ids = tokens.numpy()
         projection, weight, terms = self._numpy_weights(table)
         h = features.numpy()
-        h = h / np.sqrt((h * h).mean(-1, keepdims=True) + _RMS_EPS)  # F.rms_norm's
-        logits = (terms[ids] + (h @ projection) @ weight).reshape(len(ids), self.num_layers, self.num_experts)  # [N, L, E]
+        # rms(h) A = (h A) / rms(h): the norm applied to the [N, R_h] projection (the fewest numpy
+        # calls, each costing more than its arithmetic right after the target's forward)
+        inverse_rms = 1.0 / np.sqrt(np.einsum("nd,nd->n", h, h) / self.hidden_size + _RMS_EPS)  # [N]
+        context = (h @ projection) * inverse_rms.astype(np.float32)[:, None]  # [N, R_h]
+        logits = (terms[ids] + context @ weight).reshape(len(ids), self.num_layers, self.num_experts)  # [N, L, E]
         top = np.argpartition(logits, -self.top_k, axis=-1)[..., -self.top_k:]  # [N, L, K]
-        onehot = np.zeros(logits.shape, dtype=np.float32)
-        np.put_along_axis(onehot, top, 1.0, axis=-1)
-        roots = np.flatnonzero(np.asarray(depths) == 0)
-        if len(roots):
-            onehot[roots] = table.onehot_by_token[ids[roots]]  # [R, L, E]
-        return torch.from_numpy(onehot.transpose(1, 0, 2))  # [L, N, E], a view
+        flat = (top + self._layer_offsets()).reshape(len(ids), -1)  # [N, L*K]
+        roots = [node for node, depth in enumerate(np.asarray(depths).tolist()) if depth == 0]
+        if roots:
+            flat[roots] = table.flat_ids_by_token[ids[roots]]
+        return flat
+
+    def _layer_offsets(self) -> np.ndarray:
+        """[L, 1] each layer's first flat id."""
+        offsets = self.__dict__.get("_offsets")
+        if offsets is None:
+            offsets = (np.arange(self.num_layers, dtype=np.int64) * self.num_experts)[:, None]
+            self.__dict__["_offsets"] = offsets
+        return offsets
 
     def _numpy_weights(self, table: TokenExpertTable | None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(A [D, R_h], W [R_h, L*E], token terms [V, L*E]) as numpy arrays sharing the tensors' memory."""
-        return self.context_projection.numpy(), self.context_weight.numpy(), self._token_terms(table).numpy()
+        """(A [D, R_h], W [R_h, L*E], token terms [V, L*E]) as numpy arrays sharing the tensors' memory
+        (kept while the token terms are)."""
+        terms = self._token_terms(table)
+        cached = self.__dict__.get("_numpy")
+        if cached is None or cached[0] is not terms:
+            cached = (terms, (self.context_projection.numpy(), self.context_weight.numpy(), terms.numpy()))
+            self.__dict__["_numpy"] = cached
+        return cached[1]
 
     def arrays(self) -> dict[str, np.ndarray]:
         """What the profile's sidecar stores (`ARRAY_SHAPES`)."""

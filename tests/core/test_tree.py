@@ -92,8 +92,10 @@ def test_a_subtree_of_any_closed_set_keeps_parents_depths_and_features(tree, dat
     assert sub.tokens.tolist() == tree.tokens[keep].tolist()
     assert torch.equal(sub.node_features, features[keep])
     assert [keep[p] if p >= 0 else -1 for p in sub.parents.tolist()] == [int(tree.parents[k]) for k in keep]
-    fresh = DraftTree(sub.tokens, sub.parents, sub.scores)  # depths computed from the parents
+    fresh = DraftTree(sub.tokens, sub.parents, sub.scores)  # depths computed from the parents; checked as any tree
     assert sub.depths.tolist() == fresh.depths.tolist()
+    # `subtree` builds without the constructor's checks: what it built passes them
+    DraftTree(sub.tokens, sub.parents, sub.scores, node_features=sub.node_features)
 
 
 def test_a_subtree_missing_a_parent_or_the_root_is_refused():

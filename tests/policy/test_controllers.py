@@ -178,7 +178,7 @@ def test_truncate_prices_a_batch_with_the_row_term_and_learns_from_the_whole_pas
 
 
 def test_values_of_a_batch_equal_each_trees_values(profiled):
-    """The batched computation against the definition: the calibrated path probability times the
+    """The batched computation (and one tree's, node by node) against the definition: the calibrated path probability times the
     depth's correction, made non-increasing down each path."""
     _, _, profile = profiled
     controller = MoeAwareController(profile)
@@ -194,6 +194,8 @@ def test_values_of_a_batch_equal_each_trees_values(profiled):
             scores[i] = scores[parents[i]] - float(torch.rand((), generator=generator)) * 2
         trees.append(DraftTree(torch.randint(0, 90, (n,), generator=generator), torch.tensor(parents), scores))
     for tree, batched in zip(trees, controller.values_of(trees)):
+        alone = controller.values(tree)  # one row: computed node by node in plain Python
+        assert torch.allclose(alone, batched, rtol=1e-12, atol=0)
         expected = profile.calibrated_path_probability(tree).double().clone()
         factor = torch.tensor([1.0] + [controller.acceptance_correction.factor(d) for d in range(1, 8)], dtype=torch.float64)
         expected = expected * factor[tree.depths]
@@ -232,6 +234,11 @@ def test_learning_from_a_batch_counts_every_verified_node_at_its_depth(profiled)
                 expected.update(depth, float(values[node]), float(node in acceptance.path))
     assert controller.acceptance_correction.observed == pytest.approx(expected.observed)
     assert controller.acceptance_correction.predicted == pytest.approx(expected.predicted)
+    alone = MoeAwareController(profile)  # one row at a time: learnt node by node in plain Python
+    for tree, acceptance in zip(trees, acceptances):
+        alone.observe(_record([tree], [acceptance], 10.0, 1.0))
+    assert alone.acceptance_correction.observed == pytest.approx(expected.observed)
+    assert alone.acceptance_correction.predicted == pytest.approx(expected.predicted)
 
 
 def test_candidate_trees_go_deeper_only_after_a_choice_used_their_last_level(profiled):

@@ -315,6 +315,12 @@ def test_the_one_row_growth_in_python_is_the_vectorised_growth():
         max_nodes = None if case % 4 else int(rng.integers(1, 8))
         resident = torch.ones(layers, experts, dtype=torch.bool)
         fast = grow_forest(trees, [price], cost, depth_ms, max_nodes, draft_fixed_ms=fixed_ms)
+        if price.expert_probs is not None:  # the routing given as sets instead: the same growth
+            as_sets = StepPrices(price.values, None, flat_expert_sets(price.expert_probs))
+            same = grow_forest(trees, [as_sets], cost, depth_ms, max_nodes, draft_fixed_ms=fixed_ms)
+            assert same.order == fast.order and np.array_equal(same.verify_ms, fast.verify_ms), f"case {case}"
+            with pytest.raises(ValueError, match="expert_sets"):  # sets alone cannot price residency
+                grow_forest(trees, [as_sets], cost, depth_ms, max_nodes, residency=resident)
         vectorised = grow_forest(trees, [price], cost, depth_ms, max_nodes, draft_fixed_ms=fixed_ms, residency=resident)
         assert fast.order == vectorised.order and fast.best_size == vectorised.best_size, f"case {case}"
         for field in ("value", "verify_ms", "draft_ms"):
@@ -322,6 +328,6 @@ def test_the_one_row_growth_in_python_is_the_vectorised_growth():
         compared += len(fast.order) > 2
     assert compared > 100, "the cases must exercise growth"
     sets = flat_expert_sets(torch.tensor([[[0.0, 1.0, 1.0], [1.0, 0.0, 1.0]], [[1.0, 1.0, 0.0], [0.0, 1.0, 1.0]]]))
-    assert sets == [frozenset({1, 2, 3, 4}), frozenset({0, 2, 4, 5})]  # node n: layer * E + expert
+    assert sets.ids == [frozenset({1, 2, 3, 4}), frozenset({0, 2, 4, 5})] and sets.num_experts == 3  # layer * E + expert
     assert flat_expert_sets(torch.tensor([[[0.5, 1.0, 0.5]]])) is None  # probabilities: the vectorised growth
     assert flat_expert_sets(torch.tensor([[[1.0, 1.0, 0.0], [1.0, 0.0, 0.0]]])) is None  # sets of unequal size

@@ -18,6 +18,7 @@ from moe_spec.drafters.eagle import EagleDrafter
 from moe_spec.measure.decoding import decode_prompts
 from moe_spec.measure.head_routing_stage import head_routing_stage, held_out_prompts, node_routing, split_by_prompt
 from moe_spec.policy.profiled import ProfiledController
+from moe_spec.policy.row_growth import flat_expert_sets
 from moe_spec.profile.artifact import Profile, ProfileError, fingerprint, hardware_description
 from moe_spec.profile.calibration import AcceptanceCalibration, IsotonicMap
 from moe_spec.profile.cost_model import CostModel
@@ -169,6 +170,8 @@ def test_the_controller_prices_by_the_predictor_the_profile_keeps(fitted, keeps)
     forest = StepForest(trees)
     priced = controller._expert_probs(forest)  # [L, N, E]
     table = profile.priced_experts(forest.tokens)
+    one_row = StepForest(trees[:1])  # the plan's id sets (one row) are the same routing
+    assert controller._expert_sets(one_row) == flat_expert_sets(controller._expert_probs(one_row))
     if keeps is RoutingSource.TOKEN_TABLE:
         assert torch.equal(priced, table)
         return
@@ -195,6 +198,10 @@ def test_the_predicted_sets_are_the_k_largest_logits_and_roots_the_tables(fitted
     expected[:, roots] = table.predict_onehot_tokens(tokens[roots])
     assert torch.equal(onehot, expected)
     assert torch.equal(onehot.sum(-1), torch.full(onehot.shape[:2], float(predictor.top_k)))
+    flat = predictor.predict_flat_ids(features, tokens, depths, table)  # [N, L*K]
+    assert flat_expert_sets(expected).ids == [frozenset(row) for row in flat.tolist()]
+    assert [frozenset(row) for row in table.flat_ids_by_token[tokens[roots].numpy()].tolist()] == \
+        flat_expert_sets(table.predict_onehot_tokens(tokens[roots])).ids
 
 
 def test_features_of_the_wrong_width_are_named(fitted):
