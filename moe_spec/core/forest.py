@@ -97,6 +97,11 @@ class StepForest:
         return np.concatenate([t.scores.double().numpy() for t in self.trees])
 
     @cached_property
+    def first_children(self) -> np.ndarray:
+        """[N] bool: the node is its parent's first child (`DraftTree.sibling_ranks` 0; roots too)."""
+        return np.concatenate([t.sibling_ranks.numpy() == 0 for t in self.trees])
+
+    @cached_property
     def tokens(self) -> torch.Tensor:
         """[N] long token ids."""
         return torch.cat([t.tokens for t in self.trees])

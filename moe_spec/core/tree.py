@@ -104,6 +104,25 @@ class DraftTree:
             object.__setattr__(self, "_depths", cached)
         return cached
 
+    @property
+    def sibling_ranks(self) -> torch.Tensor:
+        """[N] long: each node's rank among its parent's children (0: the first; root 0). Sampled
+        candidates are ranked in draw order (`draw_rank`), top candidates by score (the head's
+        order of proposing them; ties to the lower index). Computed once (the tree is immutable)."""
+        cached = self.__dict__.get("_ranks")
+        if cached is None:
+            if self.sampled:
+                cached = self.draw_rank
+            else:
+                parents, scores = self.parents.tolist(), self.scores.tolist()
+                ranks, seen = [0] * len(parents), {}
+                for node in sorted(range(1, len(parents)), key=lambda n: (parents[n], -scores[n], n)):
+                    ranks[node] = seen.get(parents[node], 0)
+                    seen[parents[node]] = ranks[node] + 1
+                cached = torch.tensor(ranks, dtype=torch.long)
+            object.__setattr__(self, "_ranks", cached)
+        return cached
+
     def children(self, node: int) -> list[int]:
         return (self.parents == node).nonzero().flatten().tolist()
 

@@ -95,22 +95,29 @@ class ProfiledController:
     def _calibrated_afresh(self, forest: StepForest) -> np.ndarray:
         if forest.rows == 1:
             return np.array(self._calibrated_row(forest[0]))
-        scores = forest.scores
+        scores, first = forest.scores, forest.first_children
         values = np.ones(forest.num_nodes)
         for depth, (nodes, parents) in enumerate(forest.levels, start=1):  # path products, a level at a time
-            conditional_q = np.exp(scores[nodes] - scores[parents])
-            values[nodes] = self.calibration.conditional_map(depth)(conditional_q) * values[parents]
+            conditional = np.empty(len(nodes))
+            for top in (False, True):  # a parent's first child is mapped apart (`AcceptanceCalibration`)
+                kind = first[nodes] == top
+                conditional[kind] = self.calibration.conditional_map(depth, top)(
+                    np.exp(scores[nodes[kind]] - scores[parents[kind]]))
+            values[nodes] = conditional * values[parents]
         return values
 
     def _calibrated_row(self, tree: DraftTree) -> list[float]:
         """`_calibrated_afresh` of one tree in plain Python, node by node (parents come first): the
         controller's common case, a few nodes, where each numpy call costs more than its arithmetic."""
         scores, parents, depths = tree.scores.double().tolist(), tree.parents.tolist(), tree.depths.tolist()
-        maps = [None] + [self.calibration.conditional_map(depth) for depth in range(1, max(depths) + 1)]
+        ranks = tree.sibling_ranks.tolist()
+        maps = [(None, None)] + [(self.calibration.conditional_map(depth), self.calibration.conditional_map(depth, True))
+                                 for depth in range(1, max(depths) + 1)]  # (later siblings, first child) per depth
         values = [1.0] * len(scores)
         for node in range(1, len(scores)):
             parent = parents[node]
-            values[node] = maps[depths[node]].at(math.exp(scores[node] - scores[parent])) * values[parent]
+            conditional = maps[depths[node]][ranks[node] == 0].at(math.exp(scores[node] - scores[parent]))
+            values[node] = conditional * values[parent]
         return values
 
     def cost_model(self) -> CostModel:

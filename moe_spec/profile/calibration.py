@@ -118,6 +118,7 @@ class NodeSamples:
     on_path: np.ndarray  # bool
     step: np.ndarray  # int: index of the step the node came from
     group: np.ndarray  # int: prompt index, the unit of cross-fitting folds
+    top: np.ndarray | None = None  # bool: its parent's first child (sibling rank 0); None: every node alike
 
     @staticmethod
     def from_steps(steps: Sequence[StepRecord], groups: Sequence[int] | None = None) -> "NodeSamples":
@@ -144,12 +145,14 @@ class NodeSamples:
                     on_path[drafted].numpy(),
                     np.full(len(tree) - 1, index),
                     np.full(len(tree) - 1, group),
+                    (tree.sibling_ranks == 0)[drafted].numpy(),
                 )
             )
         if not parts:
             empty = np.zeros(0)
             flags = empty.astype(bool)
-            return NodeSamples(empty, empty, empty.astype(int), flags, flags, flags, empty.astype(int), empty.astype(int))
+            return NodeSamples(empty, empty, empty.astype(int), flags, flags, flags, empty.astype(int), empty.astype(int),
+                               flags)
         columns = [np.concatenate(c) for c in zip(*parts)]
         return NodeSamples(*columns)
 
@@ -157,55 +160,85 @@ class NodeSamples:
         return int(self.depth.shape[0])
 
     def subset(self, mask: np.ndarray) -> "NodeSamples":
-        return NodeSamples(*(getattr(self, f)[mask] for f in self.__dataclass_fields__))
+        return NodeSamples(*(getattr(self, f)[mask] if getattr(self, f) is not None else None
+                             for f in self.__dataclass_fields__))
 
 
 @dataclass(frozen=True)
 class AcceptanceCalibration:
-    """Isotonic maps per depth bucket; bucket d holds depth d, the last bucket every deeper node."""
+    """Isotonic maps per depth bucket; bucket d holds depth d, the last bucket every deeper node.
 
-    conditional: tuple[IsotonicMap, ...]  # [buckets]: conditional q -> P(conditionally accepted)
+    A node's conditional acceptance depends on its rank among its siblings as well as on its q:
+    where the head spreads its probability, its first child at q = 0.05 was accepted 44% of the
+    time and the other children at that q 1% (greedy EAGLE-2 trees on the profiling prompts, depth
+    1), so one map over both priced the first child at 5% and the steps that needed it verified no
+    drafted node. `top_conditional` maps the first children (sibling rank 0), `conditional` the
+    others; a calibration without `top_conditional` (fitted before ranks were recorded) maps every
+    node with `conditional`."""
+
+    conditional: tuple[IsotonicMap, ...]  # [buckets]: conditional q -> P(conditionally accepted), later siblings
     path: tuple[IsotonicMap, ...]  # [buckets]: cumulative q -> P(on accepted path)
     max_depth_bucket: int
+    top_conditional: tuple[IsotonicMap, ...] | None = None  # [buckets]: the same for first children; None: as the rest
+
+    def __post_init__(self):
+        if self.top_conditional is not None and len(self.top_conditional) != self.max_depth_bucket:
+            raise ValueError(f"calibration needs {self.max_depth_bucket} first-child maps, got {len(self.top_conditional)}")
 
     @staticmethod
     def fit(samples: NodeSamples, max_depth_bucket: int = 4, min_bucket_samples: int = 50) -> "AcceptanceCalibration":
-        """Conditional maps are fitted on nodes whose parent was reached (the chain rule's factors);
-        path maps on every node. A bucket with fewer than `min_bucket_samples` nodes uses the map
-        fitted on all depths."""
+        """Conditional maps are fitted on nodes whose parent was reached (the chain rule's factors),
+        first children and later siblings apart when the samples record ranks; path maps on every
+        node. A bucket with fewer than `min_bucket_samples` nodes of its kind uses the map of that
+        kind fitted on all depths (of every node, when the kind has fewer than that in all)."""
         if len(samples) == 0:
             raise ValueError("no drafted nodes to calibrate on (did the drafter propose anything?)")
         buckets = np.minimum(samples.depth, max_depth_bucket)
         reached = samples.parent_reached  # never empty: the root's children have their parent reached
-        pooled_c = IsotonicMap.fit(samples.conditional_q[reached], samples.conditional_accepted[reached])
         pooled_p = IsotonicMap.fit(samples.cumulative_q, samples.on_path)
-        conditional, path = [], []
+        path = []
         for bucket in range(1, max_depth_bucket + 1):
             mask = buckets == bucket
-            c_mask = mask & reached
-            if c_mask.sum() >= min_bucket_samples:
-                conditional.append(IsotonicMap.fit(samples.conditional_q[c_mask], samples.conditional_accepted[c_mask]))
-            else:
-                conditional.append(pooled_c)
-            if mask.sum() >= min_bucket_samples:
-                path.append(IsotonicMap.fit(samples.cumulative_q[mask], samples.on_path[mask]))
-            else:
-                path.append(pooled_p)
-        return AcceptanceCalibration(tuple(conditional), tuple(path), max_depth_bucket)
+            path.append(IsotonicMap.fit(samples.cumulative_q[mask], samples.on_path[mask])
+                        if mask.sum() >= min_bucket_samples else pooled_p)
+
+        def conditional_maps(kind: np.ndarray) -> tuple[IsotonicMap, ...]:
+            """Per bucket, the map fitted on the reached nodes of `kind` [nodes] bool."""
+            pool = reached & kind if (reached & kind).sum() >= min_bucket_samples else reached
+            pooled = IsotonicMap.fit(samples.conditional_q[pool], samples.conditional_accepted[pool])
+            maps = []
+            for bucket in range(1, max_depth_bucket + 1):
+                mask = (buckets == bucket) & reached & kind
+                maps.append(IsotonicMap.fit(samples.conditional_q[mask], samples.conditional_accepted[mask])
+                            if mask.sum() >= min_bucket_samples else pooled)
+            return tuple(maps)
+
+        if samples.top is None:  # no ranks recorded: one map for every node
+            return AcceptanceCalibration(conditional_maps(np.ones(len(samples), dtype=bool)), tuple(path), max_depth_bucket)
+        return AcceptanceCalibration(conditional_maps(~samples.top), tuple(path), max_depth_bucket,
+                                     conditional_maps(samples.top))
 
     def _bucket(self, depth: np.ndarray) -> np.ndarray:
         return np.clip(depth, 1, self.max_depth_bucket) - 1
 
-    def conditional_map(self, depth: int) -> IsotonicMap:
-        """The map of conditional q -> P(conditionally accepted) for nodes at `depth` (>= 1)."""
-        return self.conditional[min(max(depth, 1), self.max_depth_bucket) - 1]
+    def conditional_map(self, depth: int, top: bool = False) -> IsotonicMap:
+        """The map of conditional q -> P(conditionally accepted) for nodes at `depth` (>= 1): of a
+        parent's first child when `top` (where the calibration tells them apart)."""
+        maps = self.top_conditional if top and self.top_conditional is not None else self.conditional
+        return maps[min(max(depth, 1), self.max_depth_bucket) - 1]
 
-    def conditional_probability_of(self, conditional_q: np.ndarray, depth: np.ndarray) -> np.ndarray:
+    def conditional_probability_of(self, conditional_q: np.ndarray, depth: np.ndarray,
+                                   top: np.ndarray | None = None) -> np.ndarray:
+        """Calibrated conditional acceptance of nodes with these q, depths and (bool, None: none
+        first) first-child flags."""
         out = np.empty(len(depth))
         bucket = self._bucket(np.asarray(depth))
+        top = np.zeros(len(depth), dtype=bool) if top is None else np.asarray(top, dtype=bool)
         for b in np.unique(bucket):
-            mask = bucket == b
-            out[mask] = self.conditional[b](conditional_q[mask])
+            for first in (False, True):
+                mask = (bucket == b) & (top == first)
+                if mask.any():
+                    out[mask] = self.conditional_map(int(b) + 1, first)(conditional_q[mask])
         return out
 
     def direct_path_probability_of(self, cumulative_q: np.ndarray, depth: np.ndarray) -> np.ndarray:
@@ -220,7 +253,7 @@ class AcceptanceCalibration:
         """[N] calibrated P(node's token is the target's argmax at its parent); root 1."""
         scores = tree.scores.double()
         q = torch.exp(scores - scores[tree.parents.clamp(min=0)]).numpy()
-        probs = self.conditional_probability_of(q, tree.depths.numpy())
+        probs = self.conditional_probability_of(q, tree.depths.numpy(), (tree.sibling_ranks == 0).numpy())
         probs[0] = 1.0
         return torch.from_numpy(probs)
 
@@ -230,20 +263,24 @@ class AcceptanceCalibration:
         return path_products(tree, self.conditional_probability(tree))
 
     def to_dict(self) -> dict:
-        return {
+        out = {
             "max_depth_bucket": self.max_depth_bucket,
             "conditional": [m.to_dict() for m in self.conditional],
             "path": [m.to_dict() for m in self.path],
         }
+        if self.top_conditional is not None:
+            out["top_conditional"] = [m.to_dict() for m in self.top_conditional]
+        return out
 
     @staticmethod
     def from_dict(data: dict) -> "AcceptanceCalibration":
         max_bucket = int(data["max_depth_bucket"])
         conditional = tuple(IsotonicMap.from_dict(m) for m in data["conditional"])
         path = tuple(IsotonicMap.from_dict(m) for m in data["path"])
-        if len(conditional) != max_bucket or len(path) != max_bucket:
+        top = tuple(IsotonicMap.from_dict(m) for m in data["top_conditional"]) if "top_conditional" in data else None
+        if len(conditional) != max_bucket or len(path) != max_bucket or (top is not None and len(top) != max_bucket):
             raise ValueError(f"calibration needs {max_bucket} maps per kind")
-        return AcceptanceCalibration(conditional, path, max_bucket)
+        return AcceptanceCalibration(conditional, path, max_bucket, top)
 
 
 def path_products(tree: DraftTree, conditional: torch.Tensor) -> torch.Tensor:
@@ -311,7 +348,8 @@ def cross_fitted_report(
         if not test.any() or not train.any():
             continue
         calibration = AcceptanceCalibration.fit(samples.subset(train), max_depth_bucket, min_bucket_samples)
-        conditional[test] = calibration.conditional_probability_of(samples.conditional_q[test], samples.depth[test])
+        top = samples.top[test] if samples.top is not None else None
+        conditional[test] = calibration.conditional_probability_of(samples.conditional_q[test], samples.depth[test], top)
         direct[test] = calibration.direct_path_probability_of(samples.cumulative_q[test], samples.depth[test])
         for index in np.unique(samples.step[test]):
             probs = calibration.path_probability(steps[index].tree())[1:].numpy()

@@ -1,3 +1,6 @@
+import math
+from dataclasses import replace
+
 import numpy as np
 import pytest
 import torch
@@ -129,3 +132,50 @@ def test_samples_label_the_records_nodes_and_reject_batched_records():
                      torch.stack([argmax, argmax]), one.routing, 1.0, 0.1)
     with pytest.raises(ValueError, match="one-row"):
         NodeSamples.from_steps([two])
+
+
+def _sibling_steps(n_steps: int, seed: int) -> list[StepRecord]:
+    """The root's two children, the first with q in [0.02, 0.1] and the second just below it: the
+    target takes the first 45% of the time, the second 5% (as the embedded head's first children
+    of a spread distribution are taken far above their q)."""
+    rng = np.random.default_rng(seed)
+    steps = []
+    for _ in range(n_steps):
+        q = rng.uniform(0.02, 0.1)
+        tree = DraftTree.from_lists([10, 11, 12], [-1, 0, 0], [0.0, float(np.log(q)), float(np.log(q * 0.99))])
+        draw = rng.random()
+        taken = 11 if draw < 0.45 else 12 if draw < 0.5 else 0
+        steps.append(_record(tree, torch.zeros(0, 3, 0, dtype=torch.long), torch.tensor([taken, 0, 0]),
+                             [0, 1] if taken == 11 else [0, 2] if taken == 12 else [0]))
+    return steps
+
+
+def test_a_parents_first_child_is_calibrated_apart_from_its_siblings():
+    steps = _sibling_steps(2000, seed=3)
+    samples = NodeSamples.from_steps(steps)
+    assert samples.top.tolist()[:2] == [True, False]  # ranked by score among siblings
+    calibration = AcceptanceCalibration.fit(samples)
+    q = np.full(4, 0.06)
+    first = calibration.conditional_probability_of(q, np.ones(4), np.ones(4, dtype=bool))
+    later = calibration.conditional_probability_of(q, np.ones(4), np.zeros(4, dtype=bool))
+    assert first == pytest.approx(0.45, abs=0.08) and later == pytest.approx(0.05, abs=0.04)
+    pooled = AcceptanceCalibration.fit(replace(samples, top=None))  # ranks unknown: one map, in between
+    assert pooled.top_conditional is None
+    assert later[0] + 0.1 < pooled.conditional_probability_of(q, np.ones(4))[0] < first[0] - 0.1
+    tree = steps[0].tree()
+    assert calibration.conditional_probability(tree)[1:].tolist() == pytest.approx(
+        [calibration.conditional_map(1, True).at(math.exp(float(tree.scores[1]))),
+         calibration.conditional_map(1).at(math.exp(float(tree.scores[2])))])
+    assert AcceptanceCalibration.from_dict(calibration.to_dict()) == calibration
+    old = {key: value for key, value in calibration.to_dict().items() if key != "top_conditional"}
+    assert AcceptanceCalibration.from_dict(old).top_conditional is None  # a profile fitted before ranks: still read
+    report = cross_fitted_report(steps)  # cross-fitted with the ranks: near the truth
+    assert report.calibrated_conditional_ece < 0.05
+
+
+def test_sibling_ranks_follow_scores_for_top_candidates_and_draws_for_sampled_ones():
+    tree = DraftTree.from_lists([1, 2, 3, 4, 5, 6], [-1, 0, 0, 1, 0, 1], [0.0, -2.0, -1.0, -2.5, -1.0, -3.0])
+    assert tree.sibling_ranks.tolist() == [0, 2, 0, 0, 1, 1]  # ties to the lower index
+    sampled = DraftTree(tree.tokens, tree.parents, tree.scores, torch.ones(6, 2) / 2, torch.tensor([0, 1]),
+                        torch.tensor([0, 0, 1, 0, 2, 1]))
+    assert sampled.sibling_ranks.tolist() == [0, 0, 1, 0, 2, 1]
