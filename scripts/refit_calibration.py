@@ -35,6 +35,7 @@ def main() -> int:
     parser.add_argument("--profile", required=True)
     parser.add_argument("--out", default=None, help="where to write (default: over --profile)")
     parser.add_argument("--prompts", required=True)
+    parser.add_argument("--max-prompts", type=int, default=None, help="the first N prompts only")
     parser.add_argument("--threads", type=int, default=1)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
@@ -42,7 +43,7 @@ def main() -> int:
     tokenizer = load_tokenizer(None)
     profile = Profile.load(args.profile, target)
     drafter = load_drafter("default", target)
-    prompts = [p.input_ids(tokenizer)[0] for p in load_prompts(args.prompts)]
+    prompts = [p.input_ids(tokenizer)[0] for p in load_prompts(args.prompts)][: args.max_prompts]
     settings = ProfileSettings()  # the profiler's decoding: its prompt length and candidate trees
     start = time.perf_counter()
     with tqdm(total=len(prompts), desc="greedy decoding", file=sys.stderr) as bar:

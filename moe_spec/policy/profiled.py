@@ -98,11 +98,10 @@ class ProfiledController:
         scores, first = forest.scores, forest.first_children
         values = np.ones(forest.num_nodes)
         for depth, (nodes, parents) in enumerate(forest.levels, start=1):  # path products, a level at a time
-            conditional = np.empty(len(nodes))
-            for top in (False, True):  # a parent's first child is mapped apart (`AcceptanceCalibration`)
-                kind = first[nodes] == top
-                conditional[kind] = self.calibration.conditional_map(depth, top)(
-                    np.exp(scores[nodes[kind]] - scores[parents[kind]]))
+            conditional_q = np.exp(scores[nodes] - scores[parents])
+            # a parent's first child is mapped apart from its later siblings (`AcceptanceCalibration`)
+            conditional = np.where(first[nodes], self.calibration.conditional_map(depth, True)(conditional_q),
+                                   self.calibration.conditional_map(depth)(conditional_q))
             values[nodes] = conditional * values[parents]
         return values
 
