@@ -66,15 +66,16 @@ class ProfiledController:
     def values_of(self, forest: StepForest) -> list[torch.Tensor]:
         """`values` of every row's tree, computed over all rows' nodes at once (each tree's [N_b])."""
         forest = StepForest.of(forest)
-        values = self._calibrated(forest).copy()  # roots 1
+        calibrated = self._calibrated(forest)  # roots 1; kept as computed for `observe`
         if self.adapt and forest.rows == 1:  # one tree: a few nodes, in plain Python (parents come first)
             factor = self.acceptance_correction.factor
             tree = forest[0]
-            parents, depths, clamped = tree.parents.tolist(), tree.depths.tolist(), values.tolist()
+            parents, depths, clamped = tree.parents.tolist(), tree.depths.tolist(), calibrated.tolist()
             factors = [1.0] + [factor(depth) for depth in range(1, forest.max_depth + 1)]
             for node in range(1, len(clamped)):
                 clamped[node] = min(clamped[node] * factors[depths[node]], clamped[parents[node]])
             return [torch.tensor(clamped, dtype=torch.float64)]
+        values = calibrated.copy()
         if self.adapt:
             factor = self.acceptance_correction.factor
             for depth, (nodes, parents) in enumerate(forest.levels, start=1):  # parents' values are final
@@ -145,7 +146,7 @@ class ProfiledController:
             tree = verified[0]
             depths = tree.depths.tolist()
             predicted, observed = [0.0] * (max(depths) + 1), [0] * (max(depths) + 1)
-            for depth, value in zip(depths, values.tolist() if isinstance(values, np.ndarray) else values):
+            for depth, value in zip(depths, values.tolist()):
                 predicted[depth] += value
             for node in record.acceptances[0].path:
                 observed[depths[node]] += 1

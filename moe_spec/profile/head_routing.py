@@ -83,6 +83,7 @@ class HeadRoutingPredictor:
             raise ValueError("head routing predictor weights must be finite")
         if bool((self.table_scale < 0).any()):
             raise ValueError("head routing predictor table_scale must be >= 0")
+        self._layer_offsets = (np.arange(num_layers, dtype=np.int64) * self.num_experts)[:, None]  # [L, 1] first flat ids
 
     @property
     def num_layers(self) -> int:
@@ -162,19 +163,11 @@ class HeadRoutingPredictor:
         context = (h @ projection) * inverse_rms.astype(np.float32)[:, None]  # [N, R_h]
         logits = (terms[ids] + context @ weight).reshape(len(ids), self.num_layers, self.num_experts)  # [N, L, E]
         top = np.argpartition(logits, -self.top_k, axis=-1)[..., -self.top_k:]  # [N, L, K]
-        flat = (top + self._layer_offsets()).reshape(len(ids), -1)  # [N, L*K]
+        flat = (top + self._layer_offsets).reshape(len(ids), -1)  # [N, L*K]
         roots = [node for node, depth in enumerate(np.asarray(depths).tolist()) if depth == 0]
         if roots:
             flat[roots] = table.flat_ids_by_token[ids[roots]]
         return flat
-
-    def _layer_offsets(self) -> np.ndarray:
-        """[L, 1] each layer's first flat id."""
-        offsets = self.__dict__.get("_offsets")
-        if offsets is None:
-            offsets = (np.arange(self.num_layers, dtype=np.int64) * self.num_experts)[:, None]
-            self.__dict__["_offsets"] = offsets
-        return offsets
 
     def _numpy_weights(self, table: TokenExpertTable | None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(A [D, R_h], W [R_h, L*E], token terms [V, L*E]) as numpy arrays sharing the tensors' memory
