@@ -19,12 +19,12 @@ from moe_spec.experiments.prompt_file import load_prompts
 from moe_spec.experiments.soak import SoakSettings, format_soak, long_generation, run_soak
 from moe_spec.loading import load_drafter, load_target, load_tokenizer
 from moe_spec.measure.store import DEFAULT_PROFILE
-from moe_spec.policy.registry import METHODS, MethodContext, build_method, method_names, parse_methods
+from moe_spec.policy.registry import MethodContext, build_method, method_names, parse_methods, runnable_names
 from moe_spec.profile.artifact import Profile
 
 DEFAULTS = field_defaults(SoakSettings)
 # every registered policy once (`static` at 8 nodes)
-ALL_METHODS = ",".join(name if name != "static" else "static:8" for name in METHODS)
+ALL_METHODS = ",".join(runnable_names())
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

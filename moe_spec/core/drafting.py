@@ -12,9 +12,10 @@ a `DrafterError` before the target sees it (a 10,000-node tree would otherwise b
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Protocol
 
+import numpy as np
 import torch
 
 from moe_spec.core.sampling import SamplingConfig
@@ -35,6 +36,9 @@ class TreeBudget:
     # carry each drafted node's parent head output on the tree (`DraftTree.node_features`), for a
     # controller that predicts routing from it; off by default: nothing is gathered
     node_features: bool = False
+    # top candidates: what the controller says one more depth could be worth (`DraftPricer`); the
+    # drafter expands only the nodes it calls worth expanding. None: every depth the budget allows
+    pricer: "DraftPricer | None" = field(default=None, compare=False)
 
     def __post_init__(self):
         if self.max_nodes < 0 or self.max_depth < 0 or self.branching < 1:
@@ -56,6 +60,26 @@ class TreeBudget:
     @property
     def drafts_nothing(self) -> bool:
         return self.max_nodes == 0 or self.max_depth == 0
+
+
+class DraftPricer(Protocol):
+    """What a controller tells a drafter of top candidates about the worth of drafting deeper
+    (`TreeBudget.pricer`). The drafter carries an opaque value per node, each node's from its
+    parent's (`child_values`, once per head forward: `forwards` counts them), and before each
+    further depth drafts only the rows `worth_expanding` names, so it stops where nothing deeper
+    could pay for its drafting and verification. A stop changes which candidates
+    exist, never how they are verified: the output is unchanged."""
+
+    forwards: int  # head forwards run with this pricer (one per `child_values` call)
+
+    def child_values(self, depth: int, parent_values: np.ndarray, log_q: np.ndarray) -> np.ndarray:
+        """parent_values [B, M] of the nodes a head forward expanded; log_q [B, M, w] their children's
+        draft log-probabilities in rank order (slot 0: the top child) -> [B, M, w] the children's
+        values (children at `depth`)."""
+
+    def worth_expanding(self, depth: int, values: np.ndarray) -> np.ndarray:
+        """values [B, M] of frontier nodes (at depth - 1; 0: no node) -> [B] bool: drafting row b's
+        next depth (`depth`) could pay."""
 
 
 EAGLE2_BUDGET = TreeBudget(max_nodes=60, max_depth=5, branching=10)  # EAGLE-2's published default, defined once

@@ -50,9 +50,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
+import numpy as np
 import torch
 
-from moe_spec.core.drafting import EAGLE2_BUDGET, TreeBudget
+from moe_spec.core.drafting import EAGLE2_BUDGET, DraftPricer, TreeBudget
 from moe_spec.core.sampling import SamplingConfig, probabilities
 from moe_spec.core.target import TargetModel
 from moe_spec.core.tree import DraftTree
@@ -142,8 +143,9 @@ class EagleDrafter:
             committed = [n - 1 for n in runner.lengths]  # the root pairs' columns (re-queued by commit)
             draws = Draws(generator) if budget.sampled and not sampling.greedy else None
             try:
+                pricer = budget.pricer if draws is None else None  # sampled: the budget alone shapes the tree
                 ids, parents, scores, features = self._grow(h_root, committed, caps, width, budget.max_nodes, sampling,
-                                                            draws, budget.node_features)
+                                                            draws, budget.node_features, pricer)
             finally:
                 runner.lengths = committed  # drop the root pairs and the drafts
         # outside inference mode, so the trees hold ordinary tensors
@@ -172,9 +174,11 @@ class EagleDrafter:
 
     def _grow(self, h_root: torch.Tensor, committed: list[int], caps: list[int], width: int, max_nodes: int,
               sampling: SamplingConfig, draws: "Draws | None" = None, with_features: bool = False,
+              pricer: DraftPricer | None = None,
               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
         """h_root: [B, D] the root pairs' outputs; committed: each row's committed pairs; caps: each
-        row's depth; draws: where sampled candidates are drawn and recorded (None: top tokens).
+        row's depth; draws: where sampled candidates are drawn and recorded (None: top tokens);
+        pricer: which rows' frontiers are worth one more depth (None: every row's, to its cap).
         Returns [B, N] draft ids, parents and scores of every drafted node (placeholders: score
         -inf), numbered from 1 (the root is 0) depth by depth, each depth in expansion order, and
         with `with_features` [B, N, D] the head output each node was proposed from (its parent's;
@@ -184,9 +188,10 @@ class EagleDrafter:
         diagonal = self._diagonal(width)
         depth_of_row = torch.tensor(caps, device=device)[:, None]  # [B, 1]
 
-        def children(h: torch.Tensor, base: torch.Tensor, nodes: torch.Tensor):
+        def children(h: torch.Tensor, base: torch.Tensor, nodes: torch.Tensor, depth: int, base_values):
             """h [B, M, D] of expanded nodes `nodes` [B, M] with cumulative scores base [B, M] ->
-            their `w` children: draft ids, cumulative scores [B, M*w] (-inf stays -inf)."""
+            their `w` children at `depth`: draft ids, cumulative scores [B, M*w] (-inf stays -inf)
+            and, with a pricer, their values [B, M*w] from the parents' base_values [B, M]."""
             m = h.shape[1]
             log_q = draft_log_probs(runner, h.reshape(batch * m, -1), sampling)  # [B*M, V_draft]
             if draws is None:
@@ -194,10 +199,14 @@ class EagleDrafter:
             else:
                 top_logp, top_ids = draws.draw(log_q, width, nodes)
             cumulative = base[..., None] + top_logp.view(batch, m, width)
-            return top_ids.view(batch, m * width), cumulative.view(batch, m * width)
+            values = None
+            if pricer is not None:
+                child_log_q = top_logp.view(batch, m, width).cpu().numpy()
+                values = pricer.child_values(depth, base_values, child_log_q).reshape(batch, m * width)
+            return top_ids.view(batch, m * width), cumulative.view(batch, m * width), values
 
-        ids, scores = children(h_root[:, None], torch.zeros(batch, 1, device=device),
-                               torch.zeros(batch, 1, dtype=torch.long, device=device))
+        ids, scores, values = children(h_root[:, None], torch.zeros(batch, 1, device=device),
+                                       torch.zeros(batch, 1, dtype=torch.long, device=device), 1, np.ones((batch, 1)))
         if min(caps) < 1:
             scores = scores.masked_fill(depth_of_row < 1, NEG_INF)
         if draws is not None:
@@ -223,6 +232,11 @@ class EagleDrafter:
                 live = ranked > NEG_INF
             if min(caps) < depth:
                 live &= depth_of_row >= depth
+            frontier_values = None
+            if pricer is not None:  # a row stops where nothing one depth deeper could pay
+                frontier_values = np.take_along_axis(values, order.cpu().numpy(), axis=1)  # [B, w]
+                frontier_values[~live.cpu().numpy()] = 0.0
+                live &= torch.from_numpy(pricer.worth_expanding(depth, frontier_values)).to(device)[:, None]
             counts = live.sum(1).tolist()  # live nodes come first in every row; the counts reach Python (loop bounds)
             m = max(counts)
             if m == 0:
@@ -230,6 +244,8 @@ class EagleDrafter:
             ranked, order = ranked[:, :m], order[:, :m]
             if min(counts) < m:  # rows with fewer live nodes than the widest get placeholders
                 ranked = ranked.masked_fill(~live[:, :m], NEG_INF)
+            if frontier_values is not None:
+                frontier_values = frontier_values[:, :m] * live[:, :m].cpu().numpy()
             # gathers, not advanced indexing: at these sizes the per-call cost is what counts
             parent_slots = (order // width)[..., None]  # [B, m, 1]: row of each expanded node's parent in h
             tree_mask = torch.cat([tree_mask.gather(1, parent_slots.expand(-1, -1, tree_mask.shape[2])),
@@ -238,7 +254,7 @@ class EagleDrafter:
                              [c + depth - 1 for c in committed], tree_mask)
             nodes = order + first  # [B, m] node indices of the expanded
             first += scores.shape[1]
-            ids, scores = children(h, ranked, nodes)
+            ids, scores, values = children(h, ranked, nodes, depth, frontier_values)
             if draws is not None:
                 scores = draws.keep_causally(scores, all_scores, depth, depth_of_row, max_nodes)
             all_ids.append(ids)

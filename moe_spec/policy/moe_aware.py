@@ -6,12 +6,15 @@ from collections import deque
 from dataclasses import dataclass
 from typing import NamedTuple
 
+import numpy as np
+
 from moe_spec.core.control import StepPlan
 from moe_spec.core.drafting import EAGLE2_BUDGET, NO_DRAFT, TreeBudget
 from moe_spec.core.forest import StepForest
 from moe_spec.core.sampling import GREEDY, SamplingConfig
 from moe_spec.core.step_record import StepRecord
 from moe_spec.policy.candidate_scheme import CandidateScheme, drawn
+from moe_spec.policy.draft_pricing import DepthPricer
 from moe_spec.policy.online_correction import DraftCostTracker, ThroughputTracker
 from moe_spec.policy.profiled import ProfiledController
 from moe_spec.policy.selection import StepPrices, grow_forest
@@ -24,7 +27,6 @@ class _Choice(NamedTuple):
     nodes: int  # most chosen nodes in one row (0: none, or a plain step)
     depth: int  # the deepest chosen node's depth
     edge: bool  # it reached the candidates' last level, or took every drafted node
-    full: bool = False  # it took every drafted node: the candidates bounded it, not the prices
 
 
 @dataclass(frozen=True)
@@ -50,8 +52,7 @@ class MoeAwareController(ProfiledController):
     nodes per row as recent sized choices, and at least one more (at least `candidate_min`; starting from 8 nodes, 3 deep),
     as deep as they went, and one level deeper when a recent choice used the candidates' last level
     (so deeper trees are explored where they might pay, and no level is drafted every step only to
-    be dropped). Sampled candidates, verified whole, start at `sampled_min` nodes and are at least
-    a chain of two.
+    be dropped). Sampled candidates, verified whole, are chains, at least `sampled_min` deep.
 
     The profile's verify prices are scaled online by the measured speed of the machine
     (`CostCorrection`). Drafting pauses (probing every `probe_every` steps) when the *measured*
@@ -78,7 +79,7 @@ class MoeAwareController(ProfiledController):
         self.price_residency = price_residency
         self.candidate_growth = candidate_growth
         self.candidate_min = candidate_min
-        self.sampled_min = 2  # nodes of a sampled candidate tree, when drafting at all
+        self.sampled_min = 2  # depth of a sampled candidate chain, when drafting at all
         self.recent_steps = recent_steps
         self.probe_every = probe_every
         self._default = EAGLE2_BUDGET
@@ -86,6 +87,7 @@ class MoeAwareController(ProfiledController):
         self._plain_profiled_ms: float | None = None  # the profile's plain step, computed once
         self._verify_plan: _VerifyPlan | None = None  # what the last plan knew of the nodes it verifies
         self._rows = 1  # rows of the batch decoding now (from the last plan)
+        self.price_depths = True  # drafting stops where no deeper node could pay (`DepthPricer`)
         self._fresh_history()
 
     def _fresh_history(self) -> None:
@@ -93,6 +95,7 @@ class MoeAwareController(ProfiledController):
         self._recent: deque[_Choice] = deque(maxlen=self.recent_steps)  # the last sized choices
         self._plain_steps = 0
         self.draft_costs = DraftCostTracker()
+        self._depth_prices: tuple[float, float] | None = None  # (rate, cheapest node ms) of the last growth, for `DepthPricer`
 
     def begin(self, default: TreeBudget, sampling: SamplingConfig = GREEDY) -> TreeBudget:
         super().begin(default, sampling)
@@ -121,8 +124,9 @@ class MoeAwareController(ProfiledController):
         # a set d levels deep needs d + 1 head forwards (the last finds nothing better to keep)
         growth = grow_forest(candidates, prices, cost, depth_ms, draft_fixed_ms=fixed_ms + depth_ms, residency=residency)
         nodes, depth = growth.sized_shape()
+        self._depth_prices = (growth.best_rate, _cheapest_node_ms(growth, cost))
         full = growth.best_size >= candidates.num_drafted
-        self._recent.append(_Choice(nodes, depth, depth >= candidates.max_depth or full, full))
+        self._recent.append(_Choice(nodes, depth, depth >= candidates.max_depth or full))
         if nodes:
             self._plain_steps = 0
         calibrated = self._calibrated(candidates)  # [N] the values `observe` learns acceptance from
@@ -188,8 +192,10 @@ class MoeAwareController(ProfiledController):
         """Head forwards past the root pair's that drafting these candidates took: EAGLE-2's growth
         expands one level past the deepest kept node to find nothing there beats what it keeps
         (unless the budget's depth stopped it, or one node was all it could keep)."""
-        depth = candidates.max_depth
         budget = self._asked
+        if budget.pricer is not None and budget.pricer.forwards:  # counted as they ran
+            return budget.pricer.forwards
+        depth = candidates.max_depth
         return depth + (depth < budget.max_depth and budget.max_nodes > 1)
 
     def _plain_profiled(self) -> float:
@@ -252,22 +258,18 @@ class MoeAwareController(ProfiledController):
         return self._sized(default, nodes, depth, deeper)
 
     def _sized_sampled(self, default: TreeBudget) -> TreeBudget:
-        """The next sampled candidate tree: verified whole, so drafted at the size last chosen (no
-        overshoot to cut), one node larger and one level deeper only where that choice took every
-        node or level drafted (the candidates bounded it, not the prices); `sampled_min` nodes to
-        start with or after a plain step (a 10-node sampled tree cost twice a plain step at T = 1 on
-        the shipped prompts, where 2-node ones paid 1.2x). Sized 1.25x the recent choices and at
-        least one node more, as top candidates are, the trees grew to 3.5 nodes where the choices
-        were 2 and a fixed 2 paid most (1.10x ar against 1.23x at T = 1, all 32 shipped prompts)."""
+        """The next sampled candidate tree: a chain (one draw per node), verified whole, so drafted
+        at the depth last chosen (no overshoot to cut), one level deeper only where that choice took
+        the whole chain (the candidates bounded it, not the prices); `sampled_min` deep to start with
+        or after a plain step. A chain, not EAGLE-2's wide-then-narrow shape: a later sibling is
+        drawn from the same q once the first draw is rejected, and accepts little, while a deeper
+        node is drawn from the accepted draw's own q (T = 1, 16 shipped prompts, interleaved: chains
+        of 3 and 4 nodes 1.33x ar, static:2 1.26x, static:3@sampled with siblings 1.20x; T = 0.7
+        top-p 0.9: chain of 3 1.48x, static:2 1.27x, static:4@sampled 1.24x)."""
         last = self._recent[-1] if self._recent else None
-        nodes = last.nodes + last.full if last is not None and last.nodes else self.sampled_min
-        depth = last.depth + last.edge if last is not None and last.nodes else 2
-        nodes = min(default.max_nodes, max(self.sampled_min, nodes))
-        # at least a chain of two: siblings drawn from one q accept less than a draw from the
-        # accepted child's own q (static:2@sampled, a chain, paid 1.3x ar at T = 1)
-        depth = min(default.max_depth, max(depth, 2))
-        return TreeBudget(nodes, depth, min(default.branching, max(2, -(-nodes // depth))), sampled=True,
-                          node_features=self.wants_node_features)
+        depth = last.depth + last.edge if last is not None and last.nodes else self.sampled_min
+        depth = min(default.max_depth, default.max_nodes, max(self.sampled_min, depth))
+        return TreeBudget(depth, depth, 1, sampled=True, node_features=self.wants_node_features)
 
     def _sized(self, default: TreeBudget, nodes: int, depth: int, deeper: bool = True) -> TreeBudget:
         """A candidate tree of top tokens around `nodes` chosen nodes per row `depth` deep:
@@ -277,4 +279,24 @@ class MoeAwareController(ProfiledController):
         nodes = min(default.max_nodes, max(self.candidate_min, round(self.candidate_growth * nodes)))
         depth = min(default.max_depth, max(depth + deeper, 1))
         return TreeBudget(nodes, depth, min(default.branching, max(2, -(-nodes // depth))), sampled=False,
-                          node_features=self.wants_node_features)
+                          node_features=self.wants_node_features, pricer=self._depth_pricer())
+
+    def _depth_pricer(self) -> DepthPricer | None:
+        """The next candidate tree's `DepthPricer`, at the last growth's rate and cheapest node and the
+        measured per-depth draft time; None before any growth or measured draft, or when not pricing
+        depths."""
+        if not self.price_depths or self._depth_prices is None:
+            return None
+        rate, node_ms = self._depth_prices
+        depth_ms = self.draft_costs.estimate()[1]
+        if rate <= 0 or depth_ms <= 0:
+            return None
+        factor = self.acceptance_correction.factor if self.adapt else (lambda depth: 1.0)
+        return DepthPricer(self.calibration, factor, rate, node_ms, depth_ms)
+
+
+def _cheapest_node_ms(growth, cost) -> float:
+    """The least verify time any node added to the growth cost (its token and new experts; the
+    per-token price when it added none): what `DepthPricer` charges a deeper node at least."""
+    added = np.diff(growth.verify_ms)
+    return float(added.min()) if len(added) else cost.per_token_ms

@@ -2,7 +2,7 @@
 `generate --method` and the transformers drop-in (`speculative_generate(method=...)`).
 
 Methods: `ar`, `eagle2` (`EAGLE2_BUDGET`: EAGLE-2's published tree), `static:N` (N nodes with
-EAGLE-2's depth and branching), `static-best` (the grid `STATIC_GRID` of static budgets, best
+EAGLE-2's depth and branching), `chain:N` (N nodes, one per depth), `static-best` (the grid `STATIC_GRID` of static budgets, best
 throughput in hindsight: an aggregate that `bench` and `simulate` report, not a method one run can
 use), `truncate` (EVICT-style cut under a token-count cost), `moe-aware` (ours),
 `moe-aware-noexperts` (ours without expert pricing, an ablation) and `moe-aware-noresidency` (with
@@ -85,6 +85,9 @@ METHODS: dict[str, Policy] = {
     "eagle2": Policy(True, lambda arg, profile, adapt, scheme, residency=None: _static(EAGLE2_BUDGET, profile, scheme)),
     "static": Policy(True, lambda arg, profile, adapt, scheme, residency=None: _static(
         EAGLE2_BUDGET.with_nodes(int(arg)), profile, scheme), _node_count),
+    # N nodes in a chain (one candidate per depth): the fixed shape sampled candidates pay most with
+    "chain": Policy(True, lambda arg, profile, adapt, scheme, residency=None: _static(
+        TreeBudget(int(arg), int(arg), 1), profile, scheme), _node_count),
     "truncate": Policy(True, _truncate),
     "moe-aware": Policy(True, _moe_aware()),
     # the ablations: calibrated values and token cost only, no expert pricing; with offloaded experts,
@@ -102,6 +105,14 @@ STATIC_GRID = (1, 2, 3, 4, 6, 8, 16, 32, 60)  # PRODUCT.md's grid: small trees a
 
 def static_grid_names() -> list[str]:
     return [f"static:{n}" for n in STATIC_GRID]
+
+
+EXAMPLE_ARGUMENTS = {"static": "8", "chain": "3"}  # one runnable name of each method that takes a node count
+
+
+def runnable_names() -> list[str]:
+    """One runnable name per registered method (`static:8`, `chain:3`, the others as they are)."""
+    return [f"{name}:{EXAMPLE_ARGUMENTS[name]}" if name in EXAMPLE_ARGUMENTS else name for name in METHODS]
 
 
 def method_names() -> str:

@@ -44,7 +44,8 @@ def test_missing_model_folder_is_a_clear_error(tmp_path, capsys):
 def test_generate_runs_every_registered_method_on_the_embedded_pair_with_ars_greedy_output(capsys):
     ids = " ".join(map(str, REPETITIVE_PROMPT))
     outputs = {}
-    for method in [name if name != "static" else f"static:{STATIC_GRID[0]}" for name in METHODS]:
+    with_argument = {"static": f"static:{STATIC_GRID[0]}", "chain": "chain:3"}
+    for method in [with_argument.get(name, name) for name in METHODS]:
         assert main(["generate", "--prompt-ids", ids, "--method", method, "--max-new-tokens", "8", "--json"]) == 0, method
         lines = capsys.readouterr().out.strip().splitlines()
         assert f"[{method}, drafter default:" in lines[-2] and "mean accepted length" in lines[-2], method

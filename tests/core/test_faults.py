@@ -31,12 +31,12 @@ from moe_spec.errors import DrafterError
 from moe_spec.experiments.soak import registered_hooks
 from moe_spec.loading import load_drafter, load_target
 from moe_spec.measure.store import DEFAULT_PROFILE
-from moe_spec.policy.registry import METHODS, MethodContext, build_method
+from moe_spec.policy.registry import MethodContext, build_method, runnable_names
 from moe_spec.profile.artifact import Profile
 from moe_spec.testing.helpers import REPETITIVE_PROMPT, hf_greedy
 from moe_spec.testing.tiny_models import tiny_model
 
-POLICIES = [name if name != "static" else "static:8" for name in METHODS]  # every registered policy
+POLICIES = runnable_names()  # every registered policy
 TIME_INDEPENDENT = {"ar", "eagle2", "static:8"}  # their trees do not depend on measured times
 PROMPT = [[417, 1030, 95, 2211, 64, 1500, 33, 880]]
 NEW_TOKENS = 10

@@ -133,8 +133,10 @@ def test_registry_builds_controllers_with_the_published_budgets():
     assert build_controller("ar", no_profile) is None
     assert build_controller("eagle2", no_profile).budget == EAGLE2_BUDGET
     assert build_controller("static:16", no_profile).budget == EAGLE2_BUDGET.with_nodes(16)
+    chain = build_controller("chain:3", no_profile).budget
+    assert (chain.max_nodes, chain.max_depth, chain.branching) == (3, 3, 1)
     assert expand_methods(["ar", "static-best", "static:8"]) == ["ar", *[f"static:{n}" for n in STATIC_GRID]]
-    assert set(METHODS) == {"ar", "eagle2", "static", "truncate", "moe-aware", "moe-aware-noexperts", "moe-aware-noresidency"}
+    assert set(METHODS) == {"ar", "eagle2", "static", "chain", "truncate", "moe-aware", "moe-aware-noexperts", "moe-aware-noresidency"}
 
 
 def test_method_order_rotates_per_prompt():

@@ -253,30 +253,37 @@ def test_candidate_trees_go_deeper_only_after_a_choice_used_their_last_level(pro
     assert controller._next_budget().max_depth == 4
     plan = controller.plan(StepForest((chain,)), draft_ms=1.0)
     verified = plan.verify[0]
-    sized_nodes, sized_depth, edge, _ = controller._recent[-1]
+    sized_nodes, sized_depth, edge = controller._recent[-1]
     assert edge == (sized_depth == 3), "the edge is the sized choice's, not the verified set's"
     assert int(verified.depths.max()) >= sized_depth, "drafted nodes are verified at least as deep as sized"
 
 
-def test_sampled_candidates_are_drafted_at_the_size_chosen_and_grow_only_when_it_took_them_all(profiled):
-    """Sampled trees are verified whole: no overshoot, one node (and level) more only when the last
-    choice used every drafted node, the start and a plain step at `sampled_min`, never below a chain of two."""
+def test_sampled_candidates_are_chains_drafted_at_the_depth_chosen_and_one_deeper_only_when_it_took_them_all(profiled):
+    """Sampled trees are verified whole: chains (one draw per node), no overshoot, one level more
+    only when the last choice reached the chain's end, the start and a plain step at `sampled_min`."""
     from moe_spec.core.sampling import SamplingConfig
 
     _, _, profile = profiled
     controller = MoeAwareController(profile, scheme="sampled")
     default = TreeBudget(60, 5, 10)
+
+    def shape():
+        budget = controller._next_budget()
+        assert budget.sampled and budget.branching == 1 and budget.max_nodes == budget.max_depth, "a chain"
+        return budget.max_depth
+
     first = controller.begin(default, SamplingConfig(temperature=1.0))
-    assert first.sampled and (first.max_nodes, first.max_depth) == (controller.sampled_min, 2)
-    controller._recent.append(_Choice(3, 2, False, False))  # chose 3 of more drafted nodes
-    assert (controller._next_budget().max_nodes, controller._next_budget().max_depth) == (3, 2)
-    controller._recent.append(_Choice(3, 3, True, True))  # took every drafted node: the candidates bounded it
-    assert (controller._next_budget().max_nodes, controller._next_budget().max_depth) == (4, 4)
-    controller._recent.append(_Choice(1, 1, True, True))
-    assert (controller._next_budget().max_nodes, controller._next_budget().max_depth) == (2, 2)
+    assert first.sampled and (first.max_nodes, first.max_depth, first.branching) == (2, 2, 1)
+    controller._recent.append(_Choice(2, 2, False))  # chose 2 of a longer chain
+    assert shape() == 2
+    controller._recent.append(_Choice(3, 3, True))  # reached the chain's end: the candidates bounded it
+    assert shape() == 4
+    controller._recent.append(_Choice(1, 1, False))
+    assert shape() == controller.sampled_min, "never below `sampled_min`"
     controller._recent.append(_Choice(0, 0, False))  # a plain step
-    assert controller._next_budget().max_nodes == controller.sampled_min
-    assert controller._next_budget().sampled
+    assert shape() == controller.sampled_min
+    controller._recent.append(_Choice(9, 9, True))
+    assert shape() == default.max_depth, "capped by the default budget's depth"
 
 
 def _record(trees: list[DraftTree], acceptances: list[Acceptance], verify_ms: float, draft_ms: float) -> StepRecord:

@@ -1,0 +1,128 @@
+"""`DepthPricer`: the values it carries are the controller's calibrated path products, it stops a
+depth exactly where its bound says nothing there could pay, and moe-aware hands one to the drafter
+of top candidates (never of sampled ones) and counts the forwards drafting ran with it."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from moe_spec import SpecDecoder
+from moe_spec.core.drafting import TreeBudget
+from moe_spec.core.forest import StepForest
+from moe_spec.core.sampling import SamplingConfig
+from moe_spec.core.target import TargetModel
+from moe_spec.core.tree import DraftTree
+from moe_spec.drafters.eagle import EagleDrafter
+from moe_spec.measure.latency import TimingConfig
+from moe_spec.measure.profiler import ProfileSettings, build_profile
+from moe_spec.policy.draft_pricing import DepthPricer
+from moe_spec.policy.moe_aware import MoeAwareController
+from moe_spec.testing.helpers import PLAIN_PROMPT, REPETITIVE_PROMPT, hf_greedy, random_eagle_head
+from moe_spec.testing.tiny_models import tiny_model
+
+torch.set_num_threads(1)
+QUICK = ProfileSettings(
+    max_new_tokens=16, prefix_len=16, grid_tokens=(1, 4, 16), grid_experts=(2, 4, 8), natural_trees=6,
+    curve_sizes=(1, 2, 4, 8), timing=TimingConfig(repeats=2, warmup=1, evict_mb=0),
+)
+
+
+@pytest.fixture(scope="module")
+def setup():
+    model = tiny_model("qwen3_moe")
+    target = TargetModel(model)
+    head = random_eagle_head(target, 64)
+    prompts = [torch.tensor(p) for p in (REPETITIVE_PROMPT, PLAIN_PROMPT, REPETITIVE_PROMPT[3:] * 2)]
+    profile = build_profile(target, EagleDrafter(head, target), prompts, QUICK)
+    return model, target, head, profile
+
+
+def test_child_values_are_the_controllers_calibrated_path_products(setup):
+    _, _, _, profile = setup
+    controller = MoeAwareController(profile)
+    pricer = DepthPricer(profile.calibration, lambda depth: 1.0, rate=0.1, node_ms=1.0, depth_ms=1.0)
+    # a root with three children (by score), the first of which has two children
+    log_q1 = np.log(np.array([[[0.5, 0.3, 0.1]]]))  # [B=1, M=1, w=3]
+    log_q2 = np.log(np.array([[[0.6, 0.2]]]))
+    level1 = pricer.child_values(1, np.ones((1, 1)), log_q1)  # [1, 1, 3]
+    level2 = pricer.child_values(2, level1[:, :, 0], log_q2)  # [1, 1, 2]
+    scores = np.concatenate([[0.0], log_q1[0, 0], log_q1[0, 0, 0] + log_q2[0, 0]])
+    tree = DraftTree.from_lists([1, 2, 3, 4, 5, 6], [-1, 0, 0, 0, 1, 1], scores=scores.tolist())
+    expected = controller._calibrated_row(tree)
+    assert np.allclose(np.concatenate([level1[0, 0], level2[0, 0]]), expected[1:])
+    assert pricer.forwards == 2
+
+
+def test_a_depth_is_drafted_only_where_its_bound_pays(setup):
+    _, _, _, profile = setup
+    pricer = DepthPricer(profile.calibration, lambda depth: 1.0, rate=0.01, node_ms=1.0, depth_ms=2.0)
+    best = pricer._best_conditional(2)
+    assert 0 < best <= 1
+    # surplus of a frontier node of value v: v * best / rate - node_ms (ms worth of tokens at most)
+    v_pays = (1.0 + 2.5) * 0.01 / best  # alone it covers node_ms and more than depth_ms
+    v_alone_short = (1.0 + 1.5) * 0.01 / best  # pays its node, not the depth
+    assert pricer.worth_expanding(2, np.array([[v_pays, 0.0]])).tolist() == [True]
+    assert pricer.worth_expanding(2, np.array([[v_alone_short, 0.0]])).tolist() == [False]
+    assert pricer.worth_expanding(2, np.array([[v_alone_short, v_alone_short]])).tolist() == [True], \
+        "two frontier nodes together pay for the depth"
+    # a batch: a row whose frontier adds nothing stops; the others go on when together they pay
+    rows = pricer.worth_expanding(2, np.array([[v_pays, 0.0], [0.001, 0.0]]))
+    assert rows.tolist() == [True, False]
+    with pytest.raises(ValueError, match="rate"):
+        DepthPricer(profile.calibration, lambda depth: 1.0, rate=0.0, node_ms=1.0, depth_ms=1.0)
+
+
+def test_moe_aware_prices_depths_of_top_candidates_only_and_counts_their_forwards(setup):
+    model, target, head, profile = setup
+    controller = MoeAwareController(profile)
+    drafter = EagleDrafter(head, target)
+    budgets = []
+    plan = controller.plan
+
+    def watched(candidates, draft_ms):
+        budgets.append(controller._asked)
+        return plan(candidates, draft_ms)
+
+    controller.plan = watched
+    decoder = SpecDecoder(target, drafter=drafter, controller=controller)
+    prompt = REPETITIVE_PROMPT * 2
+    result = decoder.generate(torch.tensor([prompt]), max_new_tokens=24)
+    assert torch.equal(result.sequences, hf_greedy(model, prompt, 24))
+    priced = [b for b in budgets if b.pricer is not None]
+    assert priced, "after the first growth every top-candidate budget carries a pricer"
+    assert budgets[0].pricer is None, "nothing to price with before a growth and a measured draft"
+    assert all(b.pricer.forwards >= 1 for b in priced if not b.drafts_nothing)
+
+    sampled = MoeAwareController(profile, scheme="sampled")
+    budgets.clear()
+    plan_sampled = sampled.plan
+    sampled.plan = lambda candidates, draft_ms: budgets.append(sampled._asked) or plan_sampled(candidates, draft_ms)
+    SpecDecoder(target, drafter=drafter, controller=sampled).generate(
+        torch.tensor([prompt]), max_new_tokens=16, temperature=1.0, generator=torch.Generator().manual_seed(0))
+    drafted = [b for b in budgets if not b.drafts_nothing]
+    assert drafted and all(b.pricer is None and b.sampled for b in drafted)
+
+
+def test_the_draft_cost_tracker_reads_the_forwards_counted(setup):
+    _, _, _, profile = setup
+    controller = MoeAwareController(profile)
+    chain = StepForest((DraftTree.from_lists([1, 2, 3], [-1, 0, 1], scores=[0.0, -0.1, -0.2]),))
+    pricer = DepthPricer(profile.calibration, lambda depth: 1.0, rate=0.1, node_ms=1.0, depth_ms=1.0)
+    controller._asked = TreeBudget(6, 5, 2, pricer=pricer)
+    assert controller._forwards_run(chain) == 3, "not counted: depth 2 plus the forward that found nothing to keep"
+    pricer.forwards = 2
+    assert controller._forwards_run(chain) == 2, "counted: drafting stopped before a third forward"
+
+
+def test_controller_without_pricing_depths_drafts_as_before(setup):
+    _, _, _, profile = setup
+    controller = MoeAwareController(profile)
+    controller.price_depths = False
+    controller.begin(TreeBudget(60, 5, 10))
+    controller._depth_prices = (0.1, 1.0)
+    controller.draft_costs.update(2, 4.0)
+    assert controller._depth_pricer() is None
+    controller.price_depths = True
+    assert isinstance(controller._depth_pricer(), DepthPricer)
