@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import NamedTuple
 
 import numpy as np
@@ -88,6 +88,7 @@ class MoeAwareController(ProfiledController):
         self._verify_plan: _VerifyPlan | None = None  # what the last plan knew of the nodes it verifies
         self._rows = 1  # rows of the batch decoding now (from the last plan)
         self.price_depths = True  # drafting stops where no deeper node could pay (`DepthPricer`)
+        self._curve: dict[int, np.ndarray] = {}  # tokens -> [L] the profile's unique-experts curve there
         self._fresh_history()
 
     def _fresh_history(self) -> None:
@@ -112,17 +113,23 @@ class MoeAwareController(ProfiledController):
             self._recent.append(_Choice(0, 0, False))
             self._verify_plan = None
             return StepPlan(candidates, self._next_budget())
+        # a sampled tree is verified whole and its plan sizes the next one only, whose tokens are not
+        # drawn yet: priced by the experts a tree of its size loads on average, not by routing predicted
+        expected = drawn(candidates) and self._prices_expected_experts()
+        routed = self.price_experts and not expected
         # one row without fetches priced (the common case): the routing as id sets, no one-hot
-        sets = self._expert_sets(candidates) if self.price_experts and candidates.rows == 1 and not self._prices_fetches() else None
-        probs = self._expert_probs(candidates) if self.price_experts and sets is None else None
+        sets = self._expert_sets(candidates) if routed and candidates.rows == 1 and not self._prices_fetches() else None
+        probs = self._expert_probs(candidates) if routed and sets is None else None
         row_probs = probs.split(candidates.sizes.tolist(), dim=1) if probs is not None else [None] * candidates.rows
         prices = [StepPrices(values, p, sets) for values, p in zip(self.values_of(candidates), row_probs)]  # p: [L, N_b, E]
         self.draft_costs.update(self._forwards_run(candidates), draft_ms)
         fixed_ms, depth_ms = self.draft_costs.estimate()
         residency = self.residency() if probs is not None and self._prices_fetches() else None  # [L, E] bool, exact now
         cost = self.cost_model()
+        growth_cost = self._with_expected_experts(cost, candidates) if expected else cost
         # a set d levels deep needs d + 1 head forwards (the last finds nothing better to keep)
-        growth = grow_forest(candidates, prices, cost, depth_ms, draft_fixed_ms=fixed_ms + depth_ms, residency=residency)
+        growth = grow_forest(candidates, prices, growth_cost, depth_ms, draft_fixed_ms=fixed_ms + depth_ms,
+                             residency=residency)
         nodes, depth = growth.sized_shape()
         self._depth_prices = (growth.best_rate, _cheapest_node_ms(growth, cost))
         full = growth.best_size >= candidates.num_drafted
@@ -130,12 +137,14 @@ class MoeAwareController(ProfiledController):
         if nodes:
             self._plain_steps = 0
         calibrated = self._calibrated(candidates)  # [N] the values `observe` learns acceptance from
-        if drawn(candidates):  # no cut of a sampled tree is exact: the choice sizes the next one only
-            return self._planned(candidates, probs, calibrated)
-        size = growth.verified_size()
         # the growth's price of the verified prefix is the pass's prediction, unless it priced fetches
         # too or no experts at all (the ablation's measured passes are compared with the full model)
-        exact = residency is None and (probs is not None or sets is not None or not cost.num_layers)
+        exact = residency is None and (probs is not None or sets is not None or expected or not cost.num_layers)
+        if drawn(candidates):  # no cut of a sampled tree is exact: the choice sizes the next one only
+            whole = exact and len(growth.order) == candidates.num_drafted  # the growth priced every node
+            return self._planned(candidates, probs, calibrated,
+                                 self._unscaled(cost, float(growth.verify_ms[-1])) if whole else None)
+        size = growth.verified_size()
         predicted = self._unscaled(cost, float(growth.verify_ms[size])) if exact else None
         if size == candidates.num_drafted:  # every drafted node pays: nothing to cut
             return self._planned(candidates, probs, calibrated, predicted)
@@ -229,6 +238,28 @@ class MoeAwareController(ProfiledController):
         top_k, experts = float(self.profile.fingerprint["top_k"]), float(self.profile.fingerprint["num_experts"])
         unique = experts * (1.0 - (1.0 - top_k / experts) ** rows)  # exactly K for one row
         return cost.predict_ms(rows, [unique] * cost.num_layers, rows=rows)
+
+    def _prices_expected_experts(self) -> bool:
+        """Sampled one-row trees are priced by the profile's unique-experts curve (`_with_expected_experts`)."""
+        return (self.price_experts and self._rows == 1 and not self._prices_fetches()
+                and self.profile.unique_experts_curve is not None and bool(self.profile.cost_model.num_layers))
+
+    def _with_expected_experts(self, cost, candidates: StepForest):
+        """`cost` with the experts a one-row tree of this many nodes loads on average (the profile's
+        unique-experts curve of real trees, U(T) per layer) folded into its token price, so that
+        pricing tokens alone prices those experts: the whole tree of n nodes and its root costs
+        exactly `cost` at U(n + 1), and each drafted node its share of U(n + 1) - U(1)."""
+        n = candidates.num_drafted
+        weights = cost.expert_weights()  # [L] ms per unique expert at the speed measured now
+        root = float(weights @ self._curve_at(1))  # ms of the experts the root alone loads
+        extra = (float(weights @ self._curve_at(n + 1)) - root) / n  # ms per drafted node
+        return replace(cost, base_ms=cost.base_ms + root - extra, per_token_ms=cost.per_token_ms + extra)
+
+    def _curve_at(self, tokens: int) -> np.ndarray:
+        """[L] the unique-experts curve at `tokens`, read once per size."""
+        if tokens not in self._curve:
+            self._curve[tokens] = self.profile.unique_experts_curve.real_at(tokens)
+        return self._curve[tokens]
 
     def _prices_fetches(self) -> bool:
         return self.price_experts and self.price_residency and self.residency is not None

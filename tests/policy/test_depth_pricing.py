@@ -126,3 +126,22 @@ def test_controller_without_pricing_depths_drafts_as_before(setup):
     assert controller._depth_pricer() is None
     controller.price_depths = True
     assert isinstance(controller._depth_pricer(), DepthPricer)
+
+
+def test_a_sampled_tree_is_priced_by_the_experts_a_tree_its_size_loads_on_average(setup):
+    """Its plan sizes the next tree only, whose tokens are not drawn yet: no routing is predicted,
+    and the whole tree's price is the cost model at the profile's unique-experts curve."""
+    _, _, _, profile = setup
+    controller = MoeAwareController(profile, scheme="sampled", adapt=False)
+    controller.begin(TreeBudget(60, 5, 10), SamplingConfig(temperature=1.0))
+    chain = DraftTree(torch.tensor([1, 2, 3, 4]), torch.tensor([-1, 0, 1, 2]), torch.tensor([0.0, -0.5, -1.0, -1.5]),
+                      proposals=torch.full((4, 64), 1 / 64), proposal_ids=torch.arange(64), draw_rank=torch.zeros(4, dtype=torch.long))
+    forest = StepForest((chain,))
+    controller._expert_probs = lambda forest: pytest.fail("no routing is predicted for a sampled tree")
+    plan = controller.plan(forest, draft_ms=1.0)
+    assert plan.verify.num_nodes == 4, "verified whole"
+    cost = profile.cost_model
+    whole = cost.predict_ms(4, profile.unique_experts_curve.real_at(4))
+    assert controller._verify_plan.predicted_ms == pytest.approx(whole)
+    priced = controller._with_expected_experts(cost, forest)
+    assert priced.fixed_ms() + priced.per_token_ms * 4 == pytest.approx(whole), "tokens alone price the experts"
