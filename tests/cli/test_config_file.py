@@ -113,7 +113,9 @@ def test_the_default_bench_config_reproduces_the_default_bench():
         "configs/bench/heldout.jsonl", 2, 48, 1, 0.0)
     sampling = parse(["bench", "--config", str(CONFIGS / "bench_sampling.yaml")])
     assert sampling.sampling == [SamplingConfig(1.0), SamplingConfig(0.7, top_p=0.9)]
-    assert sampling.methods == args.methods and sampling.temperature == 0.0
+    assert sampling.methods == ("ar,eagle2@sampled,static-best@sampled,chain:2@sampled,chain:3@sampled,"
+                                "chain:4@sampled,truncate,moe-aware,moe-aware-noexperts")
+    assert sampling.temperature == 0.0
 
 
 def test_generate_runs_from_a_config_file(tmp_path, capsys):
