@@ -150,6 +150,15 @@ def test_sampled_eagle_trees_follow_the_target_with_top_k_and_top_p(config):
     assert_follows(counts, exact_distribution_of_tokens_2_and_3(model, PROMPT, VOCAB, config))
 
 
+@pytest.mark.parametrize("arch", ["qwen3_moe", "deepseek_v3", "gpt_oss"])
+def test_sampled_chains_follow_the_target(arch):
+    """moe-aware's sampled candidates: chains, one draw per depth (branching 1), at a chat-like setting."""
+    model = tiny_model(arch, vocab_size=VOCAB, seed=4)
+    config = SamplingConfig(0.7, top_p=0.9)
+    counts = pair_counts(eagle_decoder(model, TreeBudget(3, 3, 1, sampled=True)), config, seed=7 + len(arch))
+    assert_follows(counts, exact_distribution_of_tokens_2_and_3(model, PROMPT, VOCAB, config))
+
+
 def test_sampled_eagle_trees_in_a_batch_keep_each_rows_distribution():
     model = tiny_model("deepseek_v3", vocab_size=VOCAB, seed=4)
     config = SamplingConfig(1.0)
