@@ -52,7 +52,10 @@ class MoeAwareController(ProfiledController):
     nodes per row as recent sized choices, and at least one more (at least `candidate_min`; starting from 8 nodes, 3 deep),
     as deep as they went, and one level deeper when a recent choice used the candidates' last level
     (so deeper trees are explored where they might pay, and no level is drafted every step only to
-    be dropped). Sampled candidates, verified whole, are chains, at least `sampled_min` deep.
+    be dropped). Within a step the drafter of top candidates stops a row's next depth where no node
+    there could pay at the last growth's prices (`DepthPricer`, `price_depths`). Sampled candidates,
+    verified whole, are chains, at least `sampled_min` deep, whose plans price experts by the
+    profile's unique-experts curve (`_with_expected_experts`).
 
     The profile's verify prices are scaled online by the measured speed of the machine
     (`CostCorrection`). Drafting pauses (probing every `probe_every` steps) when the *measured*
