@@ -235,7 +235,7 @@ class EagleDrafter:
             frontier_values = None
             if pricer is not None:  # a row stops where nothing one depth deeper could pay
                 frontier_values = np.take_along_axis(values, order.cpu().numpy(), axis=1)  # [B, w]
-                frontier_values[~live.cpu().numpy()] = 0.0
+                frontier_values *= live.cpu().numpy()  # 0 where no node is expanded anyway
                 live &= torch.from_numpy(pricer.worth_expanding(depth, frontier_values)).to(device)[:, None]
             counts = live.sum(1).tolist()  # live nodes come first in every row; the counts reach Python (loop bounds)
             m = max(counts)
@@ -244,7 +244,7 @@ class EagleDrafter:
             ranked, order = ranked[:, :m], order[:, :m]
             if min(counts) < m:  # rows with fewer live nodes than the widest get placeholders
                 ranked = ranked.masked_fill(~live[:, :m], NEG_INF)
-            if frontier_values is not None:
+            if frontier_values is not None:  # the expanded nodes' values, 0 for placeholders
                 frontier_values = frontier_values[:, :m] * live[:, :m].cpu().numpy()
             # gathers, not advanced indexing: at these sizes the per-call cost is what counts
             parent_slots = (order // width)[..., None]  # [B, m, 1]: row of each expanded node's parent in h

@@ -134,7 +134,8 @@ class MoeAwareController(ProfiledController):
         growth = grow_forest(candidates, prices, growth_cost, depth_ms, draft_fixed_ms=fixed_ms + depth_ms,
                              residency=residency)
         nodes, depth = growth.sized_shape()
-        self._depth_prices = (growth.best_rate, _cheapest_node_ms(growth, cost))
+        if self.price_depths and not drawn(candidates):  # what the next top-candidate tree's `DepthPricer` reads
+            self._depth_prices = (growth.best_rate, _cheapest_node_ms(growth, cost))
         full = growth.best_size >= candidates.num_drafted
         self._recent.append(_Choice(nodes, depth, depth >= candidates.max_depth or full))
         if nodes:

@@ -70,3 +70,23 @@ def random_eagle_head(target, draft_vocab: int = 64, seed: int = 0):
         with torch.no_grad():
             head.lm_head.weight.normal_(0.0, 0.5)
     return head.eval()
+
+
+def random_prompt(n: int = 12, seed: int = 0) -> torch.Tensor:
+    """[n] long random token ids in [3, 96), the same for the same seed."""
+    return torch.randint(3, 96, (n,), generator=torch.Generator().manual_seed(seed))
+
+
+def target_features(target, tokens: torch.Tensor) -> torch.Tensor:
+    """[T, S, D] a `TargetModel`'s feature layers for a token sequence [T]."""
+    hidden = target.model(tokens[None], output_hidden_states=True).hidden_states
+    return torch.stack([hidden[i][0] for i in target.feature_layers], dim=1).detach()
+
+
+def begun_eagle_drafter(target, head, *prompts: torch.Tensor):
+    """An `EagleDrafter` begun on each prompt minus its last token (the pending root), as the engine does."""
+    from moe_spec.drafters.eagle import EagleDrafter
+
+    drafter = EagleDrafter(head, target)
+    drafter.begin([p[:-1] for p in prompts], [target_features(target, p[:-1]) for p in prompts])
+    return drafter

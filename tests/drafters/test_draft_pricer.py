@@ -13,7 +13,7 @@ from moe_spec.core.sampling import SamplingConfig
 from moe_spec.core.target import TargetModel
 from moe_spec.drafters.eagle import EagleDrafter
 from moe_spec.policy.static import StaticController
-from moe_spec.testing.helpers import ALL_ARCHITECTURES, hf_greedy, random_eagle_head
+from moe_spec.testing.helpers import ALL_ARCHITECTURES, begun_eagle_drafter, hf_greedy, random_eagle_head, random_prompt
 from moe_spec.testing.tiny_models import tiny_model
 
 torch.set_num_threads(1)
@@ -42,19 +42,7 @@ class StopAt:
         return np.array([depth <= d for d in self.depths])
 
 
-def _prompt(n: int = 12, seed: int = 0) -> torch.Tensor:
-    return torch.randint(3, 96, (n,), generator=torch.Generator().manual_seed(seed))
-
-
-def _features(target: TargetModel, tokens: torch.Tensor) -> torch.Tensor:
-    hidden = target.model(tokens[None], output_hidden_states=True).hidden_states
-    return torch.stack([hidden[i][0] for i in target.feature_layers], dim=1).detach()
-
-
-def _begun(target, head, *prompts) -> EagleDrafter:
-    drafter = EagleDrafter(head, target)
-    drafter.begin([p[:-1] for p in prompts], [_features(target, p[:-1]) for p in prompts])
-    return drafter
+_prompt, _begun = random_prompt, begun_eagle_drafter
 
 
 def _same(a, b) -> bool:

@@ -14,28 +14,15 @@ from moe_spec.core.tree import DraftTree, path_to
 from moe_spec.drafters.eagle import EagleDrafter
 from moe_spec.drafters.eagle_head import DraftHeadMismatchError, EagleHead
 from moe_spec.errors import MoeSpecError
-from moe_spec.testing.helpers import ALL_ARCHITECTURES, hf_greedy, random_eagle_head
+from moe_spec.testing.helpers import (ALL_ARCHITECTURES, begun_eagle_drafter, hf_greedy, random_eagle_head,
+                                     random_prompt, target_features)
 from moe_spec.testing.tiny_models import tiny_model
 
 torch.set_num_threads(1)
 DRAFT_VOCAB = 64
 
 
-def _prompt(n: int = 12, seed: int = 0) -> torch.Tensor:
-    return torch.randint(3, 96, (n,), generator=torch.Generator().manual_seed(seed))
-
-
-def _features(target: TargetModel, tokens: torch.Tensor) -> torch.Tensor:
-    """[T, S, D] the target's feature layers for a token sequence."""
-    hidden = target.model(tokens[None], output_hidden_states=True).hidden_states
-    return torch.stack([hidden[i][0] for i in target.feature_layers], dim=1).detach()
-
-
-def _begun(target: TargetModel, head: EagleHead, *prompts: torch.Tensor) -> EagleDrafter:
-    """A drafter begun on each prompt minus its last token (the pending root), as the engine does."""
-    drafter = EagleDrafter(head, target)
-    drafter.begin([p[:-1] for p in prompts], [_features(target, p[:-1]) for p in prompts])
-    return drafter
+_prompt, _features, _begun = random_prompt, target_features, begun_eagle_drafter
 
 
 def _propose(drafter: EagleDrafter, root: int, budget: TreeBudget, sampling: SamplingConfig) -> DraftTree:
