@@ -23,7 +23,7 @@ from moe_spec.core.sampling import SamplingConfig
 from moe_spec.core.target import TargetModel
 from moe_spec.experiments.prompt_file import load_prompts
 from moe_spec.loading import load_drafter, load_target, load_tokenizer
-from moe_spec.measure.sampling_profile import sampling_acceptance
+from moe_spec.measure.sampling_profile import decodes_per_setting, sampling_acceptance
 from moe_spec.profile.artifact import Profile
 
 
@@ -47,6 +47,8 @@ def main() -> int:
     parser.add_argument("--max-prompts", type=int, default=None)
     parser.add_argument("--max-new-tokens", type=int, default=48)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--sampled-chain", type=int, default=5,
+                        help="nodes of the chains the sampled calibration is fitted on (0: the reference budget's trees)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     model = load_target(None)
@@ -56,14 +58,18 @@ def main() -> int:
     drafter = load_drafter("default", target)
     prompts = [p.input_ids(tokenizer)[0] for p in load_prompts(args.prompts)][: args.max_prompts]
     start = time.perf_counter()
-    with tqdm(total=len(prompts) * 2 * len(args.settings), desc="sampling acceptance", file=sys.stderr) as bar:
+    if args.sampled_chain < 0:
+        parser.error(f"--sampled-chain must be >= 0, got {args.sampled_chain}")
+    chain = args.sampled_chain or None
+    total = len(prompts) * decodes_per_setting(chain) * len(args.settings)
+    with tqdm(total=total, desc="sampling acceptance", file=sys.stderr) as bar:
         entries = sampling_acceptance(target, drafter, prompts, args.settings, EAGLE2_BUDGET, args.max_new_tokens,
-                                      tick=bar.update)
+                                      tick=bar.update, sampled_chain=chain)
     profile = dataclasses.replace(profile, sampling_acceptance=entries)
     profile.save(args.out or args.profile)
-    print(f"{'setting':40s} {'scheme':8s} {'accepted/step':>14s} {'steps':>6s}")
+    print(f"{'setting':40s} {'scheme':8s} {'accepted/step':>14s} {'steps':>6s} calibrated on")
     for e in entries:
-        print(f"{e.label:40s} {'sampled' if e.sampled else 'top':8s} {e.mean_accepted:14.3f} {e.steps:6d}")
+        print(f"{e.label:40s} {'sampled' if e.sampled else 'top':8s} {e.mean_accepted:14.3f} {e.steps:6d} {e.calibration_shape}")
     print(json.dumps({"profile": args.out or args.profile, "seconds": round(time.perf_counter() - start, 1),
                       "entries": [{k: v for k, v in e.to_dict().items() if k != "calibration"} for e in entries]}))
     return 0

@@ -29,7 +29,7 @@ Two schemes of candidates (`moe_spec.core.tree`):
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -41,6 +41,11 @@ from moe_spec.core.tree import DraftTree
 class Acceptance:
     path: list[int]  # node indices from the root to the last accepted node (root included)
     bonus_token: int
+    # sampled verification: (node, P(accepted | its turn came)) of each candidate tried, in order
+    # (min(1, p(x) / q(x)) against the residual of its turn; for a chain, P(accepted | parent
+    # reached) of every node up to the first rejected), what controllers learn acceptance from at
+    # no extra cost; empty under greedy verification
+    trials: tuple[tuple[int, float], ...] = field(default=(), compare=False)
 
     @property
     def num_accepted(self) -> int:
@@ -88,6 +93,7 @@ def accept_sampled(
     children = _children_lists(tree)
     _check_draw_prefixes(tree, children)
     path = [0]
+    trials: list[tuple[int, float]] = []
     while True:
         node = path[-1]
         p = probabilities(logits[node], config)  # [V]
@@ -97,6 +103,7 @@ def accept_sampled(
             x = tokens[child]
             p_x = float(p[x])
             q_x = float(q[x]) if q is not None else 1.0
+            trials.append((child, min(1.0, p_x / q_x) if q_x > 0 else 0.0))
             if p_x > 0 and float(torch.rand((), generator=generator)) * q_x < p_x:
                 accepted_child = child
                 break
@@ -107,7 +114,7 @@ def accept_sampled(
             if q is not None:
                 q = _without(q, x)
         if accepted_child is None:
-            return Acceptance(path, sample(p, generator))
+            return Acceptance(path, sample(p, generator), tuple(trials))
         path.append(accepted_child)
 
 

@@ -14,6 +14,7 @@ from moe_spec.core.forest import StepForest
 from moe_spec.core.sampling import GREEDY, SamplingConfig
 from moe_spec.core.step_record import StepRecord
 from moe_spec.policy.candidate_scheme import CandidateScheme, drawn
+from moe_spec.policy.chain_sizing import ChainAcceptance, best_chain_length
 from moe_spec.policy.draft_pricing import DepthPricer
 from moe_spec.policy.online_correction import DraftCostTracker, ThroughputTracker
 from moe_spec.policy.profiled import ProfiledController
@@ -92,6 +93,8 @@ class MoeAwareController(ProfiledController):
         self._rows = 1  # rows of the batch decoding now (from the last plan)
         self.price_depths = True  # drafting stops where no deeper node could pay (`DepthPricer`)
         self._curve: dict[int, np.ndarray] = {}  # tokens -> [L] the profile's unique-experts curve there
+        self._chain: ChainAcceptance | None = None  # sampled chains' acceptance per depth, when the profile measured it
+        self._chain_ms: dict[tuple[int, int], float] = {}  # (nodes, rows) -> the profile's verify ms of such chains
         self._fresh_history()
 
     def _fresh_history(self) -> None:
@@ -107,6 +110,11 @@ class MoeAwareController(ProfiledController):
         if not self.persist:
             self._fresh_history()
         self._default = default
+        prior = self.profile.chain_conditional_for(sampling) if self.sampled else ()
+        if not prior:
+            self._chain = None
+        elif self._chain is None or not self.persist or self._chain.prior != prior:
+            self._chain = ChainAcceptance(prior)
         return self._next_budget()
 
     def plan(self, candidates: StepForest, draft_ms: float) -> StepPlan:
@@ -116,6 +124,13 @@ class MoeAwareController(ProfiledController):
             self._recent.append(_Choice(0, 0, False))
             self._verify_plan = None
             return StepPlan(candidates, self._next_budget())
+        if self._chain is not None and drawn(candidates):  # sized from measured acceptance: nothing to grow
+            self.draft_costs.update(self._forwards_run(candidates), draft_ms)
+            length = candidates.max_depth
+            self._recent.append(_Choice(length, length, False))
+            self._plain_steps = 0
+            predicted = self._chain_verify_ms(length, candidates.rows, scaled=False) if self._prices_expected_experts() else None
+            return self._planned(candidates, None, None, predicted)
         # a sampled tree is verified whole and its plan sizes the next one only, whose tokens are not
         # drawn yet: priced by the experts a tree of its size loads on average, not by routing predicted
         expected = drawn(candidates) and self._prices_expected_experts()
@@ -126,7 +141,7 @@ class MoeAwareController(ProfiledController):
         row_probs = probs.split(candidates.sizes.tolist(), dim=1) if probs is not None else [None] * candidates.rows
         prices = [StepPrices(values, p, sets) for values, p in zip(self.values_of(candidates), row_probs)]  # p: [L, N_b, E]
         self.draft_costs.update(self._forwards_run(candidates), draft_ms)
-        fixed_ms, depth_ms = self.draft_costs.estimate()
+        fixed_ms, depth_ms = self._draft_prices()
         residency = self.residency() if probs is not None and self._prices_fetches() else None  # [L, E] bool, exact now
         cost = self.cost_model()
         growth_cost = self._with_expected_experts(cost, candidates) if expected else cost
@@ -152,7 +167,7 @@ class MoeAwareController(ProfiledController):
         predicted = self._unscaled(cost, float(growth.verify_ms[size])) if exact else None
         if size == candidates.num_drafted:  # every drafted node pays: nothing to cut
             return self._planned(candidates, probs, calibrated, predicted)
-        keep = growth.rows_of(size)
+        keep = [sorted(nodes) for nodes in growth.rows_of(size)]  # in the subforest's node order (`DraftTree.subtree`)
         flat = [int(candidates.offsets[row]) + node for row, nodes in enumerate(keep) for node in nodes]
         return self._planned(candidates.subforest(keep), probs[:, flat] if probs is not None else None, calibrated[flat],
                              predicted)
@@ -186,7 +201,10 @@ class MoeAwareController(ProfiledController):
                 fetch_ms = fetch.total_ms(record.fetch.per_layer_misses)
             self.cost_correction.update(compute_ms, record.verify_ms - fetch_ms, rows=record.verified.rows)
         if self.adapt and record.speculated:
-            self._learn_acceptance(record, plan.calibrated if plan is not None else None)
+            if self._chain is not None and drawn(record.verified):
+                self._chain.observe(_chain_trials(record))
+            else:
+                self._learn_acceptance(record, plan.calibrated if plan is not None else None)
 
     def _predicted_compute_ms(self, verified: StepForest, plan: "_VerifyPlan | None") -> float:
         """The profile's (unscaled) compute time of a verified pass: the plan's prediction, or from
@@ -293,6 +311,74 @@ class MoeAwareController(ProfiledController):
         return self._sized(default, nodes, depth, deeper)
 
     def _sized_sampled(self, default: TreeBudget) -> TreeBudget:
+        """The next sampled candidate tree: a chain (one draw per node), of the length of best
+        throughput under the acceptance chains are measured to reach per depth (`chain_sizing`), or,
+        with a profile that measured none, `_sized_by_last_chain`. Without online measurements (a
+        replay) a length of 0 skips drafting; with them the measured gate decides, and the chain is
+        at least one node long."""
+        if self._chain is None:
+            return self._sized_by_last_chain(default)
+        longest = min(default.max_depth, default.max_nodes)
+        fixed_ms, depth_ms = self._chain_draft_prices()
+        rows = self._rows
+
+        def step_ms(length: int) -> float:
+            return (fixed_ms + depth_ms * length if length else 0.0) + self._chain_verify_ms(length, rows)
+
+        length, _ = best_chain_length(self._chain.reach(longest), step_ms, rows)
+        if not length and not self.adapt:
+            return NO_DRAFT
+        length = max(length, 1)
+        return TreeBudget(length, length, 1, sampled=True)
+
+    def _chain_draft_prices(self) -> tuple[float, float]:
+        """(fixed ms, ms per node) of drafting a chain: measured (`DraftCostTracker`, a chain of L
+        nodes counted as L head forwards), else the profile's draft formula at the speed measured."""
+        if self.draft_costs.samples:
+            return self._draft_prices()
+        base, per_depth = self._profiled_draft()
+        scale = self._machine_scale()
+        return max(base, 0.0) * scale, max(per_depth, 0.0) * scale
+
+    def _draft_prices(self) -> tuple[float, float]:
+        """(fixed ms, ms per head forward) of drafting, measured (`DraftCostTracker`), its slope
+        shrunk towards the profile's at the speed measured."""
+        per_depth = self._profiled_draft()[1]
+        return self.draft_costs.estimate(per_depth * self._machine_scale() if per_depth > 0 else None)
+
+    def _profiled_draft(self) -> tuple[float, float]:
+        """(base ms, ms per depth) of the profile's draft formula ((0, 0): it has none)."""
+        section = self.profile.details.get("draft_cost") or {}
+        return float(section.get("base_ms", 0.0)), float(section.get("per_depth_ms", 0.0))
+
+    def _machine_scale(self) -> float:
+        """How much slower than profiled this machine runs now (the verify cost correction's scale)."""
+        return self.cost_correction.scale if self.adapt else 1.0
+
+    def _chain_verify_ms(self, length: int, rows: int, scaled: bool = True) -> float:
+        """Verify time of `rows` chains of `length` nodes and their roots, at the speed measured
+        (`scaled`) or the profile's: each row's L + 1 tokens load the profile's unique-experts curve
+        U(L + 1) per layer, the rows together E (1 - (1 - U / E)^B) (distinct rows route like
+        unrelated tokens); tokens alone when experts are not priced or the profile has no curve
+        (fetches of offloaded experts are not priced here: the cost correction learns their average).
+        The profile's prediction is computed once per shape."""
+        key = (length, rows)
+        if key not in self._chain_ms:
+            cost = self.profile.cost_model
+            tokens = rows * (length + 1)
+            curve = self.profile.unique_experts_curve
+            if not (self.price_experts and cost.num_layers and curve is not None):
+                self._chain_ms[key] = cost.fixed_ms(rows) + cost.per_token_ms * tokens
+            else:
+                experts = float(self.profile.fingerprint["num_experts"])
+                unique = experts * (1.0 - (1.0 - self._curve_at(length + 1) / experts) ** rows)  # [L]
+                self._chain_ms[key] = cost.predict_ms(tokens, unique, rows=rows)
+        ms = self._chain_ms[key]
+        if not (scaled and self.adapt):
+            return ms
+        return ms * self.cost_correction.scale + self.cost_correction.offset_ms  # as `cost_model()` scales it
+
+    def _sized_by_last_chain(self, default: TreeBudget) -> TreeBudget:
         """The next sampled candidate tree: a chain (one draw per node), verified whole, so drafted
         at the depth last chosen (no overshoot to cut), one level deeper only where that choice took
         the whole chain (the candidates bounded it, not the prices); `sampled_min` deep to start with
@@ -323,11 +409,22 @@ class MoeAwareController(ProfiledController):
         if not self.price_depths or self._depth_prices is None:
             return None
         rate, node_ms = self._depth_prices
-        depth_ms = self.draft_costs.estimate()[1]
+        depth_ms = self._draft_prices()[1]
         if rate <= 0 or depth_ms <= 0:
             return None
         factor = self.acceptance_correction.factor if self.adapt else (lambda depth: 1.0)
         return DepthPricer(self.calibration, factor, rate, node_ms, depth_ms)
+
+
+def _chain_trials(record: StepRecord) -> list[tuple[int, float]]:
+    """(depth, P(accepted | parent reached)) of each verified chain node whose parent was reached,
+    every row's, from the verification's own trials (first children only: a later sibling's trial
+    is conditional on its elder's rejection too)."""
+    out = []
+    for tree, acceptance in zip(record.verified, record.acceptances):
+        depths, ranks = tree.depths.tolist(), tree.sibling_ranks.tolist()
+        out += [(depths[node], probability) for node, probability in acceptance.trials if ranks[node] == 0]
+    return out
 
 
 def _cheapest_node_ms(growth, cost) -> float:

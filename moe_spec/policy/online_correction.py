@@ -144,31 +144,40 @@ class ThroughputTracker:
 class DraftCostTracker:
     """The draft time of a step as `fixed_ms + per_depth_ms * depth`, from recent drafts.
 
-    A least-squares line through the last `window` (depth, ms) measurements once they cover two
-    depths; before that, the whole time spread over the depths (which errs on the dear side). The
-    slope is kept between `min_share` of that average and the average itself, so a noisy fit
-    cannot make depth look free.
+    A least-squares line through the last `window` (depth, ms) measurements. Given a prior slope
+    (the profile's per-depth draft time at the speed measured), the slope is shrunk towards it as
+    if `prior_weight` units of depth spread (sum of (d - mean d)^2) had measured it: drafts that
+    all reach one or two depths cannot tell the depth's price from the fixed part, and the whole
+    time spread over the depths priced a chain's node at 3-4 ms where it added 2.3 (sampled chains
+    of 2-3 nodes, this 2-core machine). Without a prior, before two depths are seen the whole time
+    is spread over the depths (which errs on the dear side). The slope is kept between `min_share`
+    of that average and the average itself, so a noisy fit cannot make depth look free.
     """
 
     window: int = 16
     min_share: float = 0.3
+    prior_weight: float = 2.0
     samples: list[tuple[int, float]] = field(default_factory=list)
 
     def update(self, depth: int, ms: float) -> None:
         if depth > 0 and ms > 0:
             self.samples = (self.samples + [(depth, ms)])[-self.window:]
 
-    def estimate(self) -> tuple[float, float]:
+    def estimate(self, prior_slope: float | None = None) -> tuple[float, float]:
         """(fixed_ms, per_depth_ms); (0, 0) before any measurement."""
         if not self.samples:
             return 0.0, 0.0
         depths = [d for d, _ in self.samples]
         times = [ms for _, ms in self.samples]
         average = sum(ms / d for d, ms in self.samples) / len(self.samples)
-        if len(set(depths)) < 2:
-            return 0.0, average
         mean_d, mean_t = sum(depths) / len(depths), sum(times) / len(times)
-        slope = sum((d - mean_d) * (t - mean_t) for d, t in self.samples) / sum((d - mean_d) ** 2 for d in depths)
+        spread = sum((d - mean_d) ** 2 for d in depths)
+        covariance = sum((d - mean_d) * (t - mean_t) for d, t in self.samples)
+        if prior_slope is not None and prior_slope > 0:
+            slope = (covariance + self.prior_weight * prior_slope) / (spread + self.prior_weight)
+        elif len(set(depths)) < 2:
+            return 0.0, average
+        else:
+            slope = covariance / spread
         slope = min(max(slope, self.min_share * average), average)
         return max(mean_t - slope * mean_d, 0.0), slope
-

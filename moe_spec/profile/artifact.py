@@ -37,7 +37,8 @@ from moe_spec.profile.cost_model import CostModel
 from moe_spec.errors import MoeSpecError
 from moe_spec.core.sampling import SamplingConfig
 from moe_spec.profile.calibration import AcceptanceCalibration
-from moe_spec.profile.sampling_acceptance import SchemeChoice, SettingAcceptance, calibration_for, preferred_scheme
+from moe_spec.profile.sampling_acceptance import (SchemeChoice, SettingAcceptance, calibration_for, chain_conditional_for,
+                                                  preferred_scheme)
 from moe_spec.profile.expert_table import TokenExpertTable
 from moe_spec.profile.head_routing import ARRAY_SHAPES as HEAD_ROUTING_ARRAYS, HeadRouting, HeadRoutingPredictor
 from moe_spec.profile.unique_curve import UniqueExpertsCurve
@@ -179,6 +180,11 @@ class Profile:
         """The acceptance calibration for a request: the greedy one, or the nearest profiled sampling
         setting's for this scheme."""
         return calibration_for(self.sampling_acceptance, sampling, sampled, self.calibration)
+
+    def chain_conditional_for(self, sampling: SamplingConfig) -> tuple[float, ...]:
+        """Sampled chains' mean P(accepted | parent reached) per depth at the profiled setting nearest
+        to `sampling` (empty where not measured)."""
+        return chain_conditional_for(self.sampling_acceptance, sampling)
 
     def priced_experts(self, tokens: torch.Tensor) -> torch.Tensor:
         """tokens: [N] long -> [L, N, E] the predicted routing of those tokens in the `expert_pricing` form."""

@@ -78,7 +78,7 @@ def test_a_cut_that_keeps_a_later_draw_without_an_earlier_one_is_refused():
     assert len(tree.subtree([0, 1, 2]).proposals) == 3  # dropping later draws is fine
 
 
-def eagle_decoder(model, budget: TreeBudget, perturb: bool = False) -> SpecDecoder:
+def eagle_decoder(model, budget: TreeBudget, perturb: bool = False, controller=None) -> SpecDecoder:
     target = TargetModel(model)
     with torch.random.fork_rng():
         torch.manual_seed(0)
@@ -88,7 +88,7 @@ def eagle_decoder(model, budget: TreeBudget, perturb: bool = False) -> SpecDecod
     drafter = EagleDrafter(head, target, budget)
     if perturb:
         drafter = PerturbedProposals(drafter)
-    return SpecDecoder(target, drafter=drafter)
+    return SpecDecoder(target, drafter=drafter, controller=controller)
 
 
 class PerturbedProposals:
@@ -159,6 +159,34 @@ def test_sampled_chains_follow_the_target(arch):
     assert_follows(counts, exact_distribution_of_tokens_2_and_3(model, PROMPT, VOCAB, config))
 
 
+def test_chains_sized_from_the_acceptance_they_reach_follow_the_target():
+    """moe-aware sizing sampled chains from per-depth acceptance it keeps learning (persisted across
+    calls, so lengths change as the trials come in): every length is fixed before its draws."""
+    from dataclasses import replace
+
+    from moe_spec.drafters.lookup import LookupDrafter
+    from moe_spec.measure.latency import TimingConfig
+    from moe_spec.measure.profiler import ProfileSettings, build_profile
+    from moe_spec.policy.moe_aware import MoeAwareController
+    from moe_spec.profile.sampling_acceptance import SettingAcceptance
+
+    model = tiny_model("qwen3_moe", vocab_size=VOCAB, seed=4)
+    target = TargetModel(model)
+    settings = ProfileSettings(max_new_tokens=12, prefix_len=8, grid_tokens=(1, 4), grid_experts=(2, 4),
+                               natural_trees=4, curve_sizes=(1, 2, 4), timing=TimingConfig(2, 1, 0))
+    profile = build_profile(target, LookupDrafter(), [torch.tensor(PROMPT * 3), torch.tensor(PROMPT[::-1] * 3)], settings)
+    config = SamplingConfig(0.7, top_p=0.9)
+    entry = SettingAcceptance(0.7, 0, 0.9, True, 2.5, 10, 60, profile.calibration, "chain:3", (0.9, 0.8, 0.7))
+    controller = MoeAwareController(replace(profile, sampling_acceptance=(entry,)), scheme="sampled", persist=True,
+                                    probe_every=1)  # every step drafts: the gate would pause a random head
+    lengths = []
+    observe = controller.observe
+    controller.observe = lambda record: (lengths.append(record.verified.num_drafted), observe(record))
+    counts = pair_counts(eagle_decoder(model, TreeBudget(60, 5, 10), controller=controller), config, seed=13)
+    assert len(set(lengths)) > 1 and controller._chain.counts, "the lengths moved with what was learned"
+    assert_follows(counts, exact_distribution_of_tokens_2_and_3(model, PROMPT, VOCAB, config))
+
+
 def test_sampled_eagle_trees_in_a_batch_keep_each_rows_distribution():
     model = tiny_model("deepseek_v3", vocab_size=VOCAB, seed=4)
     config = SamplingConfig(1.0)
@@ -192,3 +220,25 @@ def test_lookup_candidates_under_sampling_follow_the_target():
         drafted += sum(s.tree_size for s in result.stats.steps)
     assert drafted > 1200
     assert_follows(counts, exact_distribution_of_tokens_2_and_3(model, prompt, VOCAB, config))
+
+
+def test_the_walk_reports_each_tried_candidates_exact_acceptance():
+    """`Acceptance.trials`: the candidates tried, in order up to the accepted one (all when none
+    was), each with P(accepted | its turn came); the turn's chance times it is the exact
+    `conditional_acceptance` of that node, whichever were tried."""
+    p_logits = torch.log(torch.tensor([0.1, 0.5, 0.2, 0.15, 0.05]))
+    q = torch.tensor([0.4, 0.3, 0.2, 0.05, 0.05])
+    generator = torch.Generator().manual_seed(11)
+    for _ in range(200):
+        tree = sampled_root_tree(q, 3, generator)
+        logits = p_logits.expand(len(tree), 5)
+        exact = conditional_acceptance(tree, logits, SamplingConfig(1.0))
+        acceptance = accept_sampled(tree, logits, SamplingConfig(1.0), generator)
+        nodes = [node for node, _ in acceptance.trials]
+        last = acceptance.path[1] if acceptance.num_accepted else len(tree) - 1
+        assert nodes == list(range(1, last + 1)), "tried in order, up to the accepted one"
+        turn = 1.0
+        for node, probability in acceptance.trials:
+            assert 0.0 <= probability <= 1.0
+            assert abs(turn * probability - float(exact[node])) < 1e-9
+            turn *= 1.0 - probability

@@ -286,6 +286,44 @@ def test_sampled_candidates_are_chains_drafted_at_the_depth_chosen_and_one_deepe
     assert shape() == default.max_depth, "capped by the default budget's depth"
 
 
+def test_sampled_chains_are_sized_from_the_acceptance_chains_reach(profiled):
+    """With a profile that measured chains at the request's setting, the chain's length is the one
+    of best tokens per ms under that per-depth acceptance and the cost model; each verified chain's
+    trials move it; a replay that finds nothing pays skips drafting."""
+    from moe_spec.core.sampling import SamplingConfig
+    from moe_spec.policy.chain_sizing import best_chain_length
+    from moe_spec.profile.sampling_acceptance import SettingAcceptance
+
+    _, _, base = profiled
+    default, sampling = TreeBudget(60, 5, 10), SamplingConfig(temperature=0.7, top_p=0.9)
+
+    def controller_with(prior, adapt=True):
+        entry = SettingAcceptance(0.7, 0, 0.9, True, 2.0, 10, 60, base.calibration, "chain:5", prior)
+        return MoeAwareController(replace(base, sampling_acceptance=(entry,)), scheme="sampled", adapt=adapt)
+
+    sure = controller_with((0.999,) * 5)
+    first = sure.begin(default, sampling)
+    assert first.sampled and first.branching == 1 and first.max_nodes == first.max_depth == 5, "all pays: the longest"
+    never = controller_with((0.001,) * 5, adapt=False)
+    assert never.begin(default, sampling).max_nodes == 0, "a replay where no node pays drafts nothing"
+    assert controller_with((0.001,) * 5).begin(default, sampling).max_nodes == 1, "measured: the gate decides"
+
+    controller = controller_with((0.7, 0.6, 0.5, 0.4, 0.3))
+    budget = controller.begin(default, sampling)
+    fixed, per_node = controller._chain_draft_prices()
+    expected, _ = best_chain_length(controller._chain.reach(5),
+                                    lambda n: (fixed + per_node * n if n else 0.0) + controller._chain_verify_ms(n, 1))
+    assert budget.max_nodes == max(expected, 1)
+    chain = DraftTree.from_lists([5, 6, 7, 8], [-1, 0, 1, 2])
+    accepted = Acceptance([0, 1], 9, ((1, 0.9), (2, 0.2)))
+    drawn_chain = DraftTree(chain.tokens, chain.parents, chain.scores, torch.full((4, 3), 1 / 3), torch.arange(3),
+                            torch.zeros(4, dtype=torch.long))
+    plan = controller.plan(StepForest((drawn_chain,)), draft_ms=3.0)
+    assert plan.verify.num_nodes == 4, "a sampled chain is verified whole"
+    controller.observe(_record([drawn_chain], [accepted], verify_ms=30.0, draft_ms=3.0))
+    assert controller._chain.counts == {1: 1, 2: 1} and controller._chain.sums == {1: 0.9, 2: 0.2}
+
+
 def _record(trees: list[DraftTree], acceptances: list[Acceptance], verify_ms: float, draft_ms: float) -> StepRecord:
     """The record of a step that verified `trees` (no routing recorded)."""
     forest = StepForest(trees)
