@@ -55,8 +55,9 @@ class MoeAwareController(ProfiledController):
     (so deeper trees are explored where they might pay, and no level is drafted every step only to
     be dropped). Within a step the drafter of top candidates stops a row's next depth where no node
     there could pay at the last growth's prices (`DepthPricer`, `price_depths`). Sampled candidates,
-    verified whole, are chains, at least `sampled_min` deep, whose plans price experts by the
-    profile's unique-experts curve (`_with_expected_experts`).
+    verified whole, are chains of the length of best throughput under the per-depth acceptance
+    chains are measured to reach (`chain_sizing`, `_sized_sampled`), their experts priced by the
+    profile's unique-experts curve.
 
     The profile's verify prices are scaled online by the measured speed of the machine
     (`CostCorrection`). Drafting pauses (probing every `probe_every` steps) when the *measured*
