@@ -31,6 +31,7 @@ null for a method without step statistics: transformers' reference loops (`hf_re
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Sequence
 
 from moe_spec.experiments.runner import Run
@@ -43,6 +44,7 @@ METRICS = (
 )
 BASELINE = "ar"
 HF_BASELINE = "hf-greedy"  # transformers' own greedy / sampled `model.generate`
+STATIC_TUNED = "static-tuned"  # the fixed budget chosen on the other prompts (`static_tuned_runs`)
 OFFLOAD_FIGURES = ("misses_per_token", "mb_read_per_token", "hit_rate", "fetch_wait_ms")
 STEP_FIGURES = ("mean_accept_len", "verify_ms", "draft_ms", "draft_share", "plan_ms", "plan_share", "plain_share",
                 "unique_experts_per_layer", "expert_loads_per_token", "mean_tree_size", "steps", *OFFLOAD_FIGURES)
@@ -142,13 +144,52 @@ def add_static_best(table: dict[str, dict]) -> None:
         table["static-best"] = {**static[best], "budget": best}
 
 
+def static_tuned_runs(runs: Sequence[Run]) -> tuple[list[Run], dict[str, int]]:
+    """`static-tuned`: for each batch of prompts, the runs (every pass) of the fixed budget of best
+    throughput on the *other* batches, renamed; and how many batches chose each budget. ([], {})
+    with fewer than two batches or no fixed budget.
+
+    `static-best` picks, after the fact, the best of about ten noisy measurements on the very runs
+    it is then credited with, so it carries the luck of its pick: two near-identical shapes here
+    differ by up to 10% in one run, and the maximum of ten such figures sits several percent above
+    any budget's expected rate. A budget chosen on other prompts has no luck of its own on these
+    (its runs here played no part in choosing it): it is what tuning a fixed tree offline buys."""
+    static = sorted({r.method for r in runs if r.method.startswith("static:")})
+    groups = list(dict.fromkeys(r.prompt_indices for r in runs))
+    if not static or len(groups) < 2:
+        return [], {}
+    totals = {}  # (method, batch) -> [new tokens, ms]
+    for r in runs:
+        if r.method in static:
+            total = totals.setdefault((r.method, r.prompt_indices), [0, 0.0])
+            total[0] += r.stats.new_tokens
+            total[1] += r.stats.total_ms
+
+    def rate_without(method: str, held: tuple[int, ...]) -> float:
+        tokens = sum(t for (m, g), (t, _) in totals.items() if m == method and g != held)
+        ms = sum(ms for (m, g), (_, ms) in totals.items() if m == method and g != held)
+        return tokens / ms if ms > 0 else 0.0
+
+    tuned, chosen = [], {}
+    for group in groups:
+        best = max(static, key=lambda method: rate_without(method, group))
+        chosen[best] = chosen.get(best, 0) + 1
+        tuned += [replace(r, method=STATIC_TUNED) for r in runs if r.method == best and r.prompt_indices == group]
+    return tuned, chosen
+
+
 def build_report(runs: Sequence[Run], methods: Sequence[str], classes: Sequence[str], prompt_meta: Sequence[dict],
                  config: dict, static_best: bool = False) -> dict:
     """The JSON report. `classes[i]` and `prompt_meta[i]` describe prompt i. With `static_best`, every
-    table also gets the best fixed budget in hindsight (chosen per table: overall, and per class)."""
+    table also gets the best fixed budget in hindsight (chosen per table: overall, and per class) and
+    `static-tuned`, each batch decoded by the budget best on the other batches (`static_tuned_runs`;
+    its `budgets` say how many batches chose each)."""
+    tuned, chosen = static_tuned_runs(runs) if static_best else ([], {})
+    tabled = [*methods, STATIC_TUNED] if tuned else list(methods)
+    scored = [*runs, *tuned]
     per_class = {}
     for name in dict.fromkeys(classes):  # first-seen order
-        per_class[name] = compare([r for r in runs if classes[r.prompt_index] == name], methods)
+        per_class[name] = compare([r for r in scored if classes[r.prompt_index] == name], tabled)
         if static_best:
             add_static_best(per_class[name])
     per_prompt = []
@@ -169,9 +210,11 @@ def build_report(runs: Sequence[Run], methods: Sequence[str], classes: Sequence[
                 for m in methods
             },
         })
-    overall = compare(runs, methods)
+    overall = compare(scored, tabled)
     if static_best:
         add_static_best(overall)
+    if tuned:
+        overall[STATIC_TUNED]["budgets"] = chosen
     return {"methods": overall, "per_class": per_class, "per_prompt": per_prompt, "config": config}
 
 

@@ -103,9 +103,12 @@ def method_order(methods: Sequence[Method], prompt_index: int) -> list[Method]:
     return list(methods[shift:]) + list(methods[:shift])
 
 
-def prompt_generator(seed: int, prompt_index: int) -> torch.Generator:
-    """The sampling generator of a prompt, the same for every method (common random numbers)."""
-    return torch.Generator().manual_seed(seed * 1_000_003 + prompt_index)
+def prompt_generator(seed: int, prompt_index: int, repeat: int = 0) -> torch.Generator:
+    """The sampling generator of a prompt in a pass, the same for every method (common random
+    numbers). Each repeated pass draws afresh: under sampling every method writes its own text, and
+    its acceptance moves with that text as much as its time moves with the machine, so a second pass
+    over the same draws would average only the timing noise."""
+    return torch.Generator().manual_seed(seed * 1_000_003 + prompt_index + repeat * 7_919_000_011)
 
 
 def run_methods(
@@ -123,7 +126,7 @@ def run_methods(
     groups = batches(classes or ["all"] * len(prompts), settings.batch_size)
     pad = int(getattr(target.model.generation_config, "pad_token_id", None) or 0)
 
-    def generate(method: Method | HFReference, group: list[int], max_new_tokens: int):
+    def generate(method: Method | HFReference, group: list[int], max_new_tokens: int, repeat: int = 0):
         ids, mask = left_pad([prompts[i] for i in group], pad)
         offload = getattr(target, "offload", None)  # a stand-in target may not carry one
         if offload is not None:
@@ -138,7 +141,7 @@ def run_methods(
             temperature=settings.temperature,
             top_k=settings.top_k,
             top_p=settings.top_p,
-            generator=prompt_generator(settings.seed, group[0]),
+            generator=prompt_generator(settings.seed, group[0], repeat),
         )
 
     if settings.warmup_tokens:
@@ -152,7 +155,7 @@ def run_methods(
         for order, group in enumerate(groups):
             for method in method_order(methods, order + repeat):
                 bar.set_postfix_str(f"pass {repeat + 1}, prompts {group[0]}.. {method.name}", refresh=False)
-                ids, result = generate(method, group, settings.max_new_tokens)
+                ids, result = generate(method, group, settings.max_new_tokens, repeat)
                 new_ids = tuple(_until_padding(result.sequences[row, ids.shape[1]:].tolist(), result, row)
                                 for row in range(len(group)))
                 runs.append(Run(tuple(group), method.name, result.stats, new_ids, repeat, settings.temperature == 0))
