@@ -25,6 +25,10 @@ Figures are totals over the prompts, not means of per-prompt ratios:
   step, the wait on reads that compute did not hide). Every generation starts from a cold cache
   (see `runner.py`) and the prefill's reads are not counted. 0 / null when nothing is offloaded.
 
+With `static-best` asked for, every table also gets `static-best` (the best fixed budget in
+hindsight, with its `budget`) and `static-tuned` (each batch decoded by the budget best on the other
+batches, with `budgets`: how many batches chose each; see `static_tuned_runs`).
+
 The per-step figures (accepted length, verify / draft / plan times, experts, tree size, steps) are
 null for a method without step statistics: transformers' reference loops (`hf_reference.py`).
 """

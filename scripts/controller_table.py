@@ -1,0 +1,99 @@
+"""The README's measured table of the controller against its anchors, from bench reports.
+
+    python scripts/controller_table.py [--results analysis/results/controller]
+
+Reads `greedy_{shipped,foreign}.json`, `sampling_{shipped,foreign}.json` (both sampling settings)
+and `eager_{shipped,foreign}.json` where present, and prints one markdown column per report: every
+figure is a speedup over `ar` from that report's own interleaved run, or a ratio of two of them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+SETS = (("shipped", "shipped"), ("foreign", "held-out"))
+
+
+def columns(results: Path) -> list[tuple[str, dict]]:
+    """(heading, report) per table column, in the README's order."""
+    out = []
+    for kind, label in (("greedy", "greedy"), ("sampling", None), ("eager", "eager, greedy")):
+        for stem, name in SETS:
+            path = results / f"{kind}_{stem}.json"
+            if not path.is_file():
+                continue
+            document = json.loads(path.read_text())
+            if kind == "sampling":
+                for setting, report in document["reports"].items():
+                    pretty = "T = 1" if setting == "temperature=1" else "T = 0.7 top-p 0.9"
+                    out.append((f"{pretty}, {name}", report))
+            else:
+                out.append((f"{label}, {name}", document))
+    order = {h: i for i, h in enumerate(f"{k}, {n}" for k in ("greedy", "T = 1", "T = 0.7 top-p 0.9", "eager, greedy")
+                                         for _, n in SETS)}
+    return sorted(out, key=lambda column: order[column[0]])
+
+
+def _method(table: dict, plain: str) -> tuple[str, dict] | None:
+    """The table's entry for `plain` under either candidate scheme (`eagle2` or `eagle2@sampled`)."""
+    for name, figures in table.items():
+        if name.partition("@")[0] == plain:
+            return name, figures
+    return None
+
+
+def _speedup(table: dict, plain: str) -> float | None:
+    found = _method(table, plain)
+    return found[1]["speedup_vs_ar"] if found else None
+
+
+def rows(report: dict) -> dict[str, str]:
+    table = report["methods"]
+    fmt = lambda value: f"{value:.2f}x" if value is not None else "-"
+    ratio = lambda a, b: f"{a / b:.2f}" if a and b else "-"
+    moe, best, tuned = _speedup(table, "moe-aware"), _speedup(table, "static-best"), _speedup(table, "static-tuned")
+    eagle = _speedup(table, "eagle2")
+    chains = {n: f["speedup_vs_ar"] for n, f in table.items() if n.startswith("chain:")}
+    best_chain = max(chains, key=chains.get) if chains else None
+    worst = min(((c, t["moe-aware"]["speedup_vs_ar"]) for c, t in report["per_class"].items() if "moe-aware" in t),
+                key=lambda item: item[1], default=None)
+    budget = table.get("static-best", {}).get("budget", "")
+    budgets = table.get("static-tuned", {}).get("budgets") or {}
+    mine = table.get("moe-aware", {})
+    return {
+        "eagle2 (60 nodes; `@sampled` when sampling)": fmt(eagle),
+        "static-best (in hindsight)": f"{fmt(best)} ({budget.replace('@sampled', '')})" if best else "-",
+        "static-tuned (chosen on the other prompts)": f"{fmt(tuned)} ({', '.join(b.replace('@sampled', '') for b in sorted(budgets, key=budgets.get, reverse=True))})" if tuned else "-",
+        "best chain (sampled)": f"{fmt(chains[best_chain])} ({best_chain.partition('@')[0]})" if best_chain else "-",
+        "truncate (EVICT-style)": fmt(_speedup(table, "truncate")),
+        "**moe-aware**": f"**{fmt(moe)}**",
+        "moe-aware, no expert pricing": fmt(_speedup(table, "moe-aware-noexperts")),
+        "moe-aware / static-best": ratio(moe, best),
+        "moe-aware / static-tuned": ratio(moe, tuned),
+        "moe-aware / eagle2": ratio(moe, eagle),
+        "moe-aware, worst class": f"{worst[1]:.2f}x ({worst[0]})" if worst else "-",
+        "moe-aware, plan share / plain steps": (f"{mine['plan_share']:.1%} / {mine['plain_share']:.0%}"
+                                                if mine.get("plan_share") is not None else "-"),
+        "passes": str(mine.get("repeats", "-")),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--results", type=Path, default=Path("analysis/results/controller"))
+    args = parser.parse_args(argv)
+    found = columns(args.results)
+    if not found:
+        parser.error(f"no bench reports under {args.results}")
+    cells = [rows(report) for _, report in found]
+    print("| speedup over ar | " + " | ".join(heading for heading, _ in found) + " |")
+    print("|---" * (len(found) + 1) + "|")
+    for name in cells[0]:
+        print(f"| {name} | " + " | ".join(cell[name] for cell in cells) + " |")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

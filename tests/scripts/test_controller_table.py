@@ -1,0 +1,50 @@
+"""`scripts/controller_table.py` prints the README's table from bench reports."""
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+from moe_spec.core.stats import GenerationStats
+from moe_spec.experiments.report import build_report
+from moe_spec.experiments.runner import Run
+
+ROOT = Path(__file__).resolve().parents[2]
+spec = importlib.util.spec_from_file_location("controller_table", ROOT / "scripts" / "controller_table.py")
+controller_table = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(controller_table)
+
+
+def _report(ms: dict[str, list[float]]) -> dict:
+    """A bench report of 10 tokens per prompt at these per-prompt times, prompt 0 of class a, 1 of b."""
+    runs = [Run((p,), m, GenerationStats(new_tokens=10, total_ms=t), ((1,) * 10,)) for m, times in ms.items()
+            for p, t in enumerate(times)]
+    return build_report(runs, list(ms), ["a", "b"], [{}, {}], {}, static_best=True)
+
+
+def test_the_table_holds_each_reports_ratios(tmp_path, capsys):
+    greedy = _report({"ar": [200, 200], "eagle2": [250, 250], "static:2": [100, 160], "static:4": [150, 100],
+                      "moe-aware": [120, 120]})
+    sampled = _report({"ar": [200, 200], "eagle2@sampled": [400, 400], "chain:3@sampled": [100, 100],
+                       "static:2@sampled": [160, 160], "moe-aware": [100, 200]})
+    (tmp_path / "greedy_shipped.json").write_text(json.dumps(greedy))
+    (tmp_path / "sampling_foreign.json").write_text(json.dumps({"reports": {"temperature=1": sampled}}))
+    assert controller_table.main(["--results", str(tmp_path)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == "| speedup over ar | greedy, shipped | T = 1, held-out |"
+    split = [[cell.strip() for cell in line.strip("|").split("|")] for line in lines[2:]]
+    cells = {row[0]: row[1:] for row in split}
+    # greedy: static-best in hindsight is static:4 (250 ms), static-tuned takes static:4 for prompt 0 (chosen
+    # on prompt 1) and static:2 for prompt 1 (chosen on prompt 0): 310 ms, 400 / 310 over ar
+    assert cells["static-best (in hindsight)"][0] == "1.60x (static:4)"
+    assert cells["static-tuned (chosen on the other prompts)"][0].startswith(f"{400 / 310:.2f}x")
+    assert cells["**moe-aware**"][0] == f"**{400 / 240:.2f}x**"
+    assert cells["moe-aware / eagle2"][0] == f"{500 / 240:.2f}"
+    assert cells["best chain (sampled)"][1] == "2.00x (chain:3)"
+    assert cells["moe-aware, worst class"][1] == "1.00x (b)"
+
+
+def test_no_reports_is_a_clear_error(tmp_path):
+    with pytest.raises(SystemExit):
+        controller_table.main(["--results", str(tmp_path)])
