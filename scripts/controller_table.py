@@ -49,6 +49,44 @@ def _speedup(table: dict, plain: str) -> float | None:
     return found[1]["speedup_vs_ar"] if found else None
 
 
+def pass_rates(report: dict, method: str) -> list[float]:
+    """`method`'s tokens per second in each pass; derived for reports written before they carried
+    `tokens_per_s_by_pass`: pass 0 from the per-prompt figures (one batch counted once), the others
+    from the totals less pass 0."""
+    figures = report["methods"][method]
+    if figures.get("tokens_per_s_by_pass"):
+        return figures["tokens_per_s_by_pass"]
+    first = {}
+    for prompt in report["per_prompt"]:
+        entry = prompt["methods"].get(method)
+        if entry is not None:
+            first[tuple(entry["batch"])] = (entry["new_tokens"], entry["total_ms"])
+    tokens, ms = sum(t for t, _ in first.values()), sum(m for _, m in first.values())
+    passes = figures.get("repeats") or 1
+    if not ms or passes < 2:
+        return [figures["tokens_per_s"]]
+    total_ms = 1000.0 * figures["new_tokens"] / figures["tokens_per_s"]
+    rest = figures["new_tokens"] - tokens
+    return [1000.0 * tokens / ms, 1000.0 * rest / (total_ms - ms)]
+
+
+def pass_spread(report: dict) -> float | None:
+    """The median over the report's measured methods of how far a method's speedup over `ar` moves
+    from the first pass to the second (|s_1 / s_0 - 1|): the noise of one ratio in that table (the
+    machine's own drift between passes, which moves every method alike, cancels). None with one pass."""
+    if "ar" not in report["methods"] or not report["per_prompt"]:
+        return None
+    ar = pass_rates(report, "ar")
+    moves = []
+    for method in report["methods"]:
+        if method == "ar" or method not in report["per_prompt"][0]["methods"]:  # not measured itself
+            continue
+        rates = pass_rates(report, method)
+        if len(rates) > 1 and len(ar) > 1 and min(rates[0], ar[0], ar[1]) > 0:
+            moves.append(abs((rates[1] / ar[1]) / (rates[0] / ar[0]) - 1.0))
+    return float(sorted(moves)[len(moves) // 2]) if moves else None
+
+
 def rows(report: dict) -> dict[str, str]:
     table = report["methods"]
     fmt = lambda value: f"{value:.2f}x" if value is not None else "-"
@@ -76,7 +114,8 @@ def rows(report: dict) -> dict[str, str]:
         "moe-aware, worst class": f"{worst[1]:.2f}x ({worst[0]})" if worst else "-",
         "moe-aware, plan share / plain steps": (f"{mine['plan_share']:.1%} / {mine['plain_share']:.0%}"
                                                 if mine.get("plan_share") is not None else "-"),
-        "passes": str(mine.get("repeats", "-")),
+        "passes; median move of a speedup between passes": f"{mine.get('repeats', '-')}; "
+                                                          + (f"{spread:.1%}" if (spread := pass_spread(report)) is not None else "-"),
     }
 
 

@@ -3,7 +3,7 @@
 Figures are totals over the prompts, not means of per-prompt ratios:
 
 - `tokens_per_s`: new tokens / wall time, summed over prompts and repeated passes (prefill included,
-  as in `GenerationStats`);
+  as in `GenerationStats`); `tokens_per_s_by_pass` the same per pass (`--repeats`);
 - `speedup_vs_ar`: tokens_per_s / that of `ar` on the same prompts (null when `ar` did not run);
 - `speedup_vs_hf_greedy`: tokens_per_s / that of `hf-greedy`, transformers' own `model.generate`
   (null when it did not run): what a user comparing with transformers sees;
@@ -43,7 +43,7 @@ from moe_spec.core.stats import GenerationStats
 
 METRICS = (
     "tokens_per_s", "speedup_vs_ar", "speedup_vs_hf_greedy", "mismatches", "mean_accept_len", "verify_ms", "draft_ms", "draft_share", "plan_ms", "plan_share",
-    "plain_share", "unique_experts_per_layer", "expert_loads_per_token", "mean_tree_size", "new_tokens", "steps", "prompts", "repeats",
+    "plain_share", "unique_experts_per_layer", "expert_loads_per_token", "mean_tree_size", "new_tokens", "steps", "prompts", "repeats", "tokens_per_s_by_pass",
     "misses_per_token", "mb_read_per_token", "hit_rate", "fetch_wait_ms",
 )
 BASELINE = "ar"
@@ -112,6 +112,7 @@ def compare(runs: Sequence[Run], methods: Sequence[str]) -> dict[str, dict]:
         mine = [r for r in runs if r.method == m]
         figures["prompts"] = len({i for r in mine for i in r.prompt_indices})
         figures["repeats"] = len({r.repeat for r in mine})
+        figures["tokens_per_s_by_pass"] = _rates_by_pass(mine)
     for key, name in (("speedup_vs_ar", BASELINE), ("speedup_vs_hf_greedy", HF_BASELINE)):
         baseline = table.get(name)
         for figures in table.values():
@@ -122,6 +123,17 @@ def compare(runs: Sequence[Run], methods: Sequence[str]) -> dict[str, dict]:
         for m, figures in table.items():
             figures["mismatches"] = mismatches(runs, m, reference)
     return table
+
+
+def _rates_by_pass(runs: Sequence[Run]) -> list[float]:
+    """Tokens per second of each pass over the prompts, in pass order: how far one method moves
+    between passes, the noise floor of every ratio in the table."""
+    rates = []
+    for repeat in sorted({r.repeat for r in runs}):
+        mine = [r.stats for r in runs if r.repeat == repeat]
+        total_ms = sum(g.total_ms for g in mine)
+        rates.append(_round(1000.0 * sum(g.new_tokens for g in mine) / total_ms) if total_ms > 0 else 0.0)
+    return rates
 
 
 def identity_reference(methods: Sequence[str]) -> str:

@@ -48,3 +48,19 @@ def test_the_table_holds_each_reports_ratios(tmp_path, capsys):
 def test_no_reports_is_a_clear_error(tmp_path):
     with pytest.raises(SystemExit):
         controller_table.main(["--results", str(tmp_path)])
+
+
+def test_the_spread_between_passes_is_the_median_move_of_a_speedup():
+    # pass 1 runs everything 2x slower (the machine's drift: no move), except m2, which also gains 20% on ar
+    ms = {"ar": (100, 200), "m1": (50, 100), "m2": (50, 100 / 1.2), "m3": (80, 160)}
+    runs = [Run((p,), m, GenerationStats(new_tokens=10, total_ms=t[r]), ((1,) * 10,), r)
+            for m, t in ms.items() for r in range(2) for p in range(2)]
+    report = build_report(runs, list(ms), ["a", "a"], [{}, {}], {})
+    assert report["methods"]["m2"]["tokens_per_s_by_pass"] == [200.0, 120.0]
+    assert controller_table.pass_spread(report) == pytest.approx(0.0), "median of 0, 0.2, 0"
+    for name, figures in report["methods"].items():  # a report written before the field: derived alike
+        del figures["tokens_per_s_by_pass"]
+    for prompt in report["per_prompt"]:
+        for entry in prompt["methods"].values():
+            entry["batch"] = [prompt["index"]]
+    assert controller_table.pass_rates(report, "m2") == pytest.approx([200.0, 120.0])
