@@ -3,7 +3,10 @@
 Every row's committed tokens sit right-aligned in the shared cache: row b's S_b tokens fill the
 last S_b of the P cached columns, and `valid [B, P]` marks them. A step appends each row's tree
 (padded to the widest tree with copies of the row's root, see `step_inputs`) and then keeps, per row, its
-committed columns plus its accepted path, right-aligned again in a cache of the new width.
+committed columns plus its accepted path: the path moves to the start of the tree's columns and the
+cache is cropped to the longest path (`tail_layout`), so a row with a shorter path leaves invalid
+columns behind, as left padding is; once those are worth it the cache is repacked, every row's
+valid columns right-aligned again (`repack`).
 """
 
 from __future__ import annotations
@@ -56,18 +59,36 @@ def step_inputs(forest: StepForest | Sequence[DraftTree], lengths: torch.Tensor)
     return input_ids, tree_mask, position_ids
 
 
-def compaction(valid: torch.Tensor, tree_width: int, paths: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
-    """After a pass over P cached columns plus `tree_width` tree columns: index [B, P'] of the columns
-    each row keeps (right-aligned; left filler points at column 0 and is invalid) and the new valid [B, P']."""
-    prefix = valid.shape[1]
-    kept = []
-    for row, path in enumerate(paths):
-        committed = valid[row].nonzero().flatten()
-        kept.append(torch.cat([committed, prefix + torch.tensor(path, dtype=torch.long)]))
-    width = max(k.numel() for k in kept)
-    index = torch.zeros(len(paths), width, dtype=torch.long)
-    new_valid = torch.zeros(len(paths), width, dtype=torch.bool)
-    for row, columns in enumerate(kept):
+def tail_layout(valid: torch.Tensor, paths: list[list[int]]) -> torch.Tensor:
+    """The valid columns [B, P + longest path] after `kv_cache.keep_tree_paths` moved each row's
+    accepted path to the start of the tree's columns: the committed columns as before, then row b's
+    first len(paths[b]) tail columns (the rest of its tail holds stale columns)."""
+    longest = max(len(path) for path in paths)
+    tail = torch.arange(longest)[None, :] < torch.tensor([len(path) for path in paths])[:, None]  # [B, longest]
+    return torch.cat([valid, tail], dim=1)
+
+
+def removable_columns(valid: torch.Tensor) -> int:
+    """Columns a `repack` would drop: the cache's width less its longest row's valid columns."""
+    return valid.shape[1] - int(valid.sum(1).max())
+
+
+def worth_repacking(valid: torch.Tensor) -> bool:
+    """Whether the stale columns batched steps leave behind (`tail_layout`) cost more attention than
+    a `repack` costs: a repack copies the whole cache, stale columns cost every later pass their
+    share of attention, so the cache is repacked once they exceed 1/16 of its width (at least 16)."""
+    return removable_columns(valid) > max(16, valid.shape[1] // 16)
+
+
+def repack(valid: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Every row's valid columns of `valid` [B, P], in order and right-aligned in a cache of the longest
+    row's width P': (index [B, P'] of the columns each row keeps, left filler pointing at column 0,
+    for `kv_cache.gather_columns`; the new valid [B, P'])."""
+    counts = valid.sum(1)  # [B]
+    width = int(counts.max())
+    index = torch.zeros(valid.shape[0], width, dtype=torch.long)
+    new_valid = torch.arange(width)[None, :] >= (width - counts)[:, None]  # [B, P']
+    for row in range(valid.shape[0]):
+        columns = valid[row].nonzero().flatten()
         index[row, width - columns.numel():] = columns
-        new_valid[row, width - columns.numel():] = True
     return index, new_valid

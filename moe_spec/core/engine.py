@@ -20,12 +20,12 @@ import torch
 from transformers import PreTrainedModel
 
 from moe_spec.core.acceptance import accept
-from moe_spec.core.batch_layout import compaction, prefill_inputs, step_inputs
+from moe_spec.core.batch_layout import prefill_inputs, repack, step_inputs, tail_layout, worth_repacking
 from moe_spec.core.control import Controller, StepPlan
 from moe_spec.core.drafting import NO_DRAFT, BatchDrafter, Drafter, TreeBudget, batch_drafter
 from moe_spec.core.forest import StepForest
 from moe_spec.core.inputs import check_generator, eos_ids, pad_id, validated_prompts
-from moe_spec.core.kv_cache import gather_columns, keep_accepted_path, select_rows
+from moe_spec.core.kv_cache import gather_columns, keep_tree_paths, select_rows
 from moe_spec.core.sampling import SamplingConfig, probabilities, sample
 from moe_spec.core.stats import GenerationStats, StepStats
 from moe_spec.core.step_record import DecodeObserver, PrefillRecord, StepRecord
@@ -133,6 +133,9 @@ class SpecDecoder:
                 keep = torch.tensor(active)
                 select_rows(cache, keep)
                 batch.valid = batch.valid[keep]
+                if worth_repacking(batch.valid):  # the rows that left may have been the widest
+                    index, batch.valid = repack(batch.valid)
+                    gather_columns(cache, index)
                 batch.rows = [batch.rows[i] for i in active]
                 if drafter is not None:
                     drafter.keep_rows(active)
@@ -192,6 +195,7 @@ class SpecDecoder:
         t2 = time.perf_counter()
         # 3) every row's tree through the target in one forward
         lengths = batch.valid.sum(1)  # [B]
+        columns = batch.valid.shape[1]  # the cache's width now (`tail_layout` may have left stale columns)
         ids, tree_mask, positions = step_inputs(forest, lengths)
         out = self.target.forward_tree(cache, ids, tree_mask, positions, prefix_valid=batch.valid,
                                        features=drafter is not None)
@@ -203,12 +207,13 @@ class SpecDecoder:
         # 5) the cache keeps each row's committed columns plus its accepted path; the drafter learns them
         if forest.width == 1:  # roots alone (plain decoding): every row keeps its one new column as it is
             batch.valid = torch.cat([batch.valid, torch.ones(len(rows), 1, dtype=torch.bool)], dim=1)
-        elif len(rows) == 1:  # keep the single-row cache dense: crop or index-select the path
-            keep_accepted_path(cache, batch.valid.shape[1], acceptances[0].path)
-            batch.valid = torch.cat([batch.valid, torch.ones(1, len(acceptances[0].path), dtype=torch.bool)], dim=1)
-        else:
-            index, batch.valid = compaction(batch.valid, forest.width, [a.path for a in acceptances])
-            gather_columns(cache, index)
+        else:  # each row's path moves to the start of the tree's columns (one row: the cache stays dense)
+            paths = [a.path for a in acceptances]
+            keep_tree_paths(cache, columns, paths)
+            batch.valid = tail_layout(batch.valid, paths)
+            if worth_repacking(batch.valid):  # shorter rows' stale columns: right-align every row again
+                index, batch.valid = repack(batch.valid)
+                gather_columns(cache, index)
         if drafter is not None:
             paths = [torch.tensor(a.path) for a in acceptances]
             drafter.commit([tree.tokens[path] for tree, path in zip(forest, paths)],
@@ -235,6 +240,7 @@ class SpecDecoder:
             verified_tokens=forest.pass_tokens,
             plan_ms=record.plan_ms,
             overhead_ms=(time.perf_counter() - t3) * 1000,
+            cache_columns=columns,
             **_fetch_fields(out.fetch),
         )
         return [a.new_tokens(t) for a, t in zip(acceptances, forest)], step

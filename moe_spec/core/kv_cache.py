@@ -19,27 +19,36 @@ def cache_length(cache: DynamicCache) -> int:
     return cache.get_seq_length()
 
 
-def keep_positions(cache: DynamicCache, keep: torch.Tensor) -> None:
-    """Keep only cache positions `keep` ([P'] long, increasing), in every layer, in place."""
-    length = cache_length(cache)
-    if keep.numel() == length and bool((keep == torch.arange(length)).all()):
+def keep_tree_paths(cache: DynamicCache, prefix_len: int, paths: list[list[int]]) -> None:
+    """After a tree pass over `prefix_len` cached columns: row b's accepted path (tree columns
+    `prefix_len + paths[b]`, in path order) moved to columns prefix_len .. prefix_len + len(paths[b]) - 1,
+    and the cache cropped to prefix_len plus the longest path, in every layer, in place.
+
+    Only the tree's columns move, never the committed prefix: a full re-gather of a 16-row cache of a
+    few hundred columns cost more per step than the rest of the engine's work after the pass. One row
+    ends dense, as token-by-token decoding builds it; in a batch, a row whose path is shorter than
+    the longest leaves stale columns at its tail, which the caller marks invalid
+    (`batch_layout.tail_layout`)."""
+    longest = max(len(path) for path in paths)
+    if all(path == list(range(len(path))) for path in paths):  # every path already in place
+        cache.crop(prefix_len + longest - cache_length(cache))  # a negative count: drop that many trailing columns
         return
-    contiguous_prefix = bool((keep == torch.arange(keep.numel())).all())
-    if contiguous_prefix:
-        cache.crop(keep.numel() - length)  # negative count: drop that many trailing positions
-        return
+    index = torch.tensor([path + path[-1:] * (longest - len(path)) for path in paths], dtype=torch.long)  # [B, longest]
+    end = prefix_len + longest
     for layer in cache.layers:
         if not layer.is_initialized or layer.keys.numel() == 0:
             continue
-        index = keep.to(layer.keys.device)
-        layer.keys = layer.keys.index_select(-2, index)
-        layer.values = layer.values.index_select(-2, index)
+        idx = index.to(layer.keys.device)
+        for name in ("keys", "values"):
+            states = getattr(layer, name)  # [B, H, P + W, D]
+            moved = states[:, :, prefix_len:].gather(2, idx[:, None, :, None].expand(-1, states.shape[1], -1, states.shape[3]))
+            states[:, :, prefix_len:end] = moved  # [B, H, longest, D]
+            setattr(layer, name, states[:, :, :end])
 
 
 def keep_accepted_path(cache: DynamicCache, prefix_len: int, path: list[int]) -> None:
-    """After a tree pass over `prefix_len` cached positions, keep the prefix plus `path`'s nodes."""
-    keep = torch.cat([torch.arange(prefix_len), prefix_len + torch.tensor(path, dtype=torch.long)])
-    keep_positions(cache, keep)
+    """After a one-row tree pass over `prefix_len` cached positions, keep the prefix plus `path`'s nodes."""
+    keep_tree_paths(cache, prefix_len, [path])
 
 
 def gather_columns(cache: DynamicCache, index: torch.Tensor) -> None:

@@ -20,6 +20,7 @@ class StepStats:
     verified_tokens: int = 0  # tokens in the verify pass, padding included
     plan_ms: float = 0.0  # the controller's plan (which nodes to verify, the next candidate budget)
     overhead_ms: float = 0.0  # engine time after the verify pass: acceptance, cache compaction, drafter commit, observe
+    cache_columns: int = 0  # cached columns the pass attended over: committed tokens, left filler, stale tree columns
     expert_hits: int = 0  # offloaded experts only: (layer, expert) the pass found resident
     expert_misses: int = 0  # ... and had to read from the slow tier
     bytes_read: int = 0

@@ -38,6 +38,25 @@ def test_each_row_equals_that_row_decoded_alone(arch):
     assert max(step.rows for step in result.stats.steps) == len(ROWS)
 
 
+@pytest.mark.parametrize("arch", ALL_ARCHITECTURES)
+def test_rows_stay_exact_through_stale_columns_and_repacks(arch):
+    """A row that accepts long paths beside rows that accept one token leaves them stale tree columns
+    every step (`batch_layout.tail_layout`) until the cache is repacked; both layouts decode exactly."""
+    model = tiny_model(arch)
+    rows = [REPETITIVE_PROMPT * 2, PLAIN_PROMPT[:4], [7, 3, 11, 5]]
+    ids, mask = left_padded(rows)
+    result = SpecDecoder(model, drafter=LookupDrafter()).generate(ids, attention_mask=mask, max_new_tokens=48)
+    for row, prompt in enumerate(rows):
+        alone = hf_greedy(model, prompt, 48)[0, len(prompt):].tolist()
+        assert result.sequences[row, ids.shape[1]:].tolist()[: len(alone)] == alone, f"{arch} row {row}"
+    steps = result.stats.steps
+    # the cache grows by the longest path; fewer tokens than rows times that were accepted: stale columns
+    stale = [(b.cache_columns - a.cache_columns) * a.rows > a.accepted_length for a, b in zip(steps, steps[1:])
+             if b.cache_columns >= a.cache_columns and a.rows == b.rows]
+    assert any(stale), "stale columns were left behind"
+    assert any(b.cache_columns < a.cache_columns for a, b in zip(steps, steps[1:])), "the cache was repacked"
+
+
 def test_rows_that_stop_early_leave_the_batch_and_are_padded():
     model = tiny_model("qwen3_moe")
     alone = [hf_greedy(model, p, 16)[0, len(p):].tolist() for p in ROWS]

@@ -11,9 +11,9 @@ from hypothesis import given, strategies as st
 from moe_spec.core.engine import SpecDecoder
 from moe_spec.drafters.lookup import LookupDrafter
 from moe_spec.experiments.runner import left_pad
-from moe_spec.core.batch_layout import compaction, prefill_inputs, step_inputs
+from moe_spec.core.batch_layout import prefill_inputs, removable_columns, repack, step_inputs, tail_layout
 from moe_spec.core.forest import StepForest
-from moe_spec.core.kv_cache import gather_columns, keep_accepted_path
+from moe_spec.core.kv_cache import gather_columns, keep_accepted_path, keep_tree_paths
 from moe_spec.core.target import TargetModel
 from moe_spec.core.tree import DraftTree, ancestor_mask, path_to
 from moe_spec.testing.tiny_models import tiny_model
@@ -76,8 +76,10 @@ def test_one_row_cache_after_accepted_paths_is_sequential_decodings(prompt, plan
 
 
 @bounded(15)
-@given(st.lists(st.tuples(prompts, steps(max_steps=2)), min_size=2, max_size=3))
-def test_batched_cache_after_compaction_is_each_rows_sequential_cache(rows):
+@given(st.lists(st.tuples(prompts, steps(max_steps=3)), min_size=2, max_size=3), st.booleans())
+def test_batched_cache_after_compaction_is_each_rows_sequential_cache(rows, repack_every_step):
+    """Paths moved to the tree's first columns leave the shorter rows' stale columns behind; with or
+    without a repack after every step, each row's valid columns are its sequential cache."""
     target = tiny_target()
     cache_ = target.new_cache()
     ids, mask, positions, valid = prefill_inputs([torch.tensor(p) for p, _ in rows], pad_token=0)
@@ -90,8 +92,14 @@ def test_batched_cache_after_compaction_is_each_rows_sequential_cache(rows):
         lengths = valid.sum(1)
         ids, tree_mask, positions = step_inputs(forest, lengths)
         target.forward_tree(cache_, ids, tree_mask, positions, prefix_valid=valid)
-        index, valid = compaction(valid, forest.width, [path for _, path in chosen])
-        gather_columns(cache_, index)
+        paths = [path for _, path in chosen]
+        keep_tree_paths(cache_, valid.shape[1], paths)
+        valid = tail_layout(valid, paths)
+        assert cache_.get_seq_length() == valid.shape[1]
+        if repack_every_step:
+            index, valid = repack(valid)
+            gather_columns(cache_, index)
+            assert removable_columns(valid) == 0
         for row, (tree, path) in enumerate(chosen):
             committed[row] += tree.tokens[path].tolist()
     for row, tokens in enumerate(committed):
@@ -139,25 +147,31 @@ def test_step_layout_pads_every_row_with_copies_of_its_root(trees_, lengths):
 
 @bounded(200)
 @given(st.data())
-def test_compaction_keeps_committed_columns_then_the_path_right_aligned(data):
+def test_tail_layout_then_repack_keeps_committed_columns_then_the_path_right_aligned(data):
     rows = data.draw(st.integers(1, 5))
     prefix = data.draw(st.integers(1, 12))
-    committed = [data.draw(st.integers(1, prefix)) for _ in range(rows)]
-    valid = torch.zeros(rows, prefix, dtype=torch.bool)
-    for row, n in enumerate(committed):
-        valid[row, prefix - n:] = True
+    valid = torch.tensor(data.draw(st.lists(st.lists(st.booleans(), min_size=prefix, max_size=prefix),
+                                            min_size=rows, max_size=rows)))  # holes anywhere, as steps leave them
+    valid[:, -1] = True  # every row has committed a token
     width = data.draw(st.integers(1, 8))
     paths = []
     for _ in range(rows):  # an increasing path of tree slots starting at the root
         rest = data.draw(st.lists(st.integers(1, width - 1), unique=True, max_size=width - 1)) if width > 1 else []
         paths.append([0] + sorted(rest))
-    index, new_valid = compaction(valid, width, paths)
-    new_width = max(n + len(p) for n, p in zip(committed, paths))
-    assert index.shape == new_valid.shape == (rows, new_width)
-    for row, (n, path) in enumerate(zip(committed, paths)):
-        keep = n + len(path)
+    longest = max(len(p) for p in paths)
+    tail = tail_layout(valid, paths)
+    assert tail.shape == (rows, prefix + longest)
+    for row, path in enumerate(paths):
+        assert tail[row, :prefix].tolist() == valid[row].tolist()
+        assert tail[row, prefix:].tolist() == [True] * len(path) + [False] * (longest - len(path))
+    index, new_valid = repack(tail)
+    counts = tail.sum(1)
+    new_width = int(counts.max())
+    assert index.shape == new_valid.shape == (rows, new_width) and removable_columns(tail) == tail.shape[1] - new_width
+    for row in range(rows):
+        keep = int(counts[row])
         assert new_valid[row].tolist() == [False] * (new_width - keep) + [True] * keep
-        assert index[row, new_width - keep:].tolist() == list(range(prefix - n, prefix)) + [prefix + i for i in path]
+        assert index[row, new_width - keep:].tolist() == tail[row].nonzero().flatten().tolist()
 
 
 def reference_greedy(model, prompt: list[int], max_new_tokens: int, eos: int) -> list[int]:
