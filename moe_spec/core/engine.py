@@ -219,11 +219,12 @@ class SpecDecoder:
             drafter.commit([tree.tokens[path] for tree, path in zip(forest, paths)],
                            [out.features[b, path.to(out.features.device)] for b, path in enumerate(paths)])
         batch.budget = plan.next_budget
+        t4 = time.perf_counter()
         # 6) the record of the step, for the observer and the controller
         record = StepRecord(
             rows=tuple(r.index for r in rows), prefix_lens=tuple(int(n) for n in lengths), candidates=tuple(candidates),
             verified=forest, acceptances=acceptances, argmax=logits.argmax(-1), routing=out.routing,
-            verify_ms=(t3 - t2) * 1000, draft_ms=(t1 - t0) * 1000, plan_ms=(t2 - t1) * 1000,
+            verify_ms=(t3 - t2) * 1000, draft_ms=(t1 - t0) * 1000, plan_ms=(t2 - t1) * 1000, accept_ms=(t4 - t3) * 1000,
             sampling=sampling, logits=None if sampling.greedy else logits, fetch=out.fetch,
         )
         if self.observer is not None:

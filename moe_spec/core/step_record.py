@@ -63,6 +63,7 @@ class StepRecord:
     logits: torch.Tensor | None = None  # [B, W, V] the pass's logits, kept when sampling (acceptance probabilities)
     acceptance_probs: torch.Tensor | None = None  # [B, W] float64, when computed already (one-row records)
     fetch: FetchCounts | None = None  # offloaded experts: what the pass read, all rows together (None: not offloaded)
+    accept_ms: float = 0.0  # after the pass, before this record: acceptance, the cache's and the drafter's update
 
     @property
     def batch(self) -> int:
@@ -127,7 +128,7 @@ class StepRecord:
         return StepRecord(
             (self.rows[row],), (self.prefix_lens[row],), (self.candidates[row],), StepForest((tree,)),
             (self.acceptances[row],), self.node_argmax(row)[None], routing, self.verify_ms, self.draft_ms, self.plan_ms,
-            self.sampling, None, probs,
+            self.sampling, None, probs, accept_ms=self.accept_ms,
         )
 
 

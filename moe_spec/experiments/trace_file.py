@@ -66,6 +66,7 @@ def step_to_json(record: StepRecord, prompt_class: str, step: int) -> dict:
         "argmax": record.node_argmax(0).tolist(), "experts": record.experts(0).tolist(),
         "accepted_path": list(record.acceptances[0].path), "bonus_token": record.acceptances[0].bonus_token,
         "verify_ms": round(record.verify_ms, 4), "draft_ms": round(record.draft_ms, 4), "plan_ms": round(record.plan_ms, 4),
+        "accept_ms": round(record.accept_ms, 4),
     }
     if len(candidates) != len(tree) or not torch.equal(candidates.tokens, tree.tokens):
         line["candidates"] = {"tokens": candidates.tokens.tolist(), "parents": candidates.parents.tolist(),
@@ -110,7 +111,8 @@ def step_from_json(data: dict, layers: tuple[int, ...], num_experts: int, vocab_
     routing = Routing(layers, num_experts, experts) if layers else empty_routing()
     acceptance = Acceptance(path, bonus)
     return StepRecord((int(data["prompt"]),), (int(data["prefix_len"]),), (candidates,), StepForest((tree,)), (acceptance,),
-                      argmax[None], routing, float(data["verify_ms"]), float(data["draft_ms"]), float(data.get("plan_ms", 0.0)))
+                      argmax[None], routing, float(data["verify_ms"]), float(data["draft_ms"]), float(data.get("plan_ms", 0.0)),
+                      accept_ms=float(data.get("accept_ms", 0.0)))
 
 
 @dataclass(frozen=True)

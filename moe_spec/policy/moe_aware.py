@@ -61,7 +61,7 @@ class MoeAwareController(ProfiledController):
 
     The profile's verify prices are scaled online by the measured speed of the machine
     (`CostCorrection`). Drafting pauses (probing every `probe_every` steps) when the *measured*
-    throughput of speculative steps (tokens per ms of draft + plan + verify over the last steps,
+    throughput of speculative steps (tokens per ms of draft + plan + verify + acceptance over the last steps,
     `ThroughputTracker`) falls below that of plain steps by more than its standard error; plain
     steps are measured, or predicted by the scaled cost model until one is. The measurement covers
     what the model cannot see, such as the drafter's and the controller's own time. Without online measurements (`adapt=False`, a replay) the model's verdict pauses drafting
@@ -190,7 +190,10 @@ class MoeAwareController(ProfiledController):
         return (scaled_ms - cost.base_ms) / scale + base.base_ms
 
     def observe(self, record: StepRecord) -> None:
-        self.rates.update(record.speculated, record.tokens_produced, record.draft_ms + record.plan_ms + record.verify_ms)
+        # the whole step as the controller can measure it: a speculative step's acceptance and cache
+        # moves cost more than a plain one's (a batch's several ms a step)
+        self.rates.update(record.speculated, record.tokens_produced,
+                          record.draft_ms + record.plan_ms + record.verify_ms + record.accept_ms)
         plan, self._verify_plan = self._verify_plan, None
         if plan is not None and (plan.nodes, plan.rows) != (record.verified.num_nodes, record.verified.rows):
             plan = None  # not this pass's plan
