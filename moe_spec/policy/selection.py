@@ -283,8 +283,9 @@ def grow_forest(
     children = [[] for _ in range(n)]
     for node in np.flatnonzero(~is_root):
         children[parents[node]].append(node)
+    deeper = _DeeperPrices(depths, depth_ms, draft_fixed_ms)
     while len(chosen) < limit and stale < patience:
-        pick = _next_node(np.flatnonzero(in_frontier), grown, values, expert_ms, depths, row_of, cost, depth_ms, draft_fixed_ms)
+        pick = _next_node(in_frontier, grown, values, expert_ms, deeper.at(grown.deepest), row_of, cost)
         if pick is None:
             break
         node, fills_slot = pick
@@ -327,25 +328,41 @@ def _grow_one_row(forest: StepForest, prices: StepPrices, cost: CostModel, depth
     return ForestGrowth(forest, order, np.array(value), np.array(verify_ms), np.array(draft_ms), best_size)
 
 
-def _next_node(frontier: np.ndarray, grown: _Growth, values: np.ndarray, expert_ms: np.ndarray, depths: np.ndarray,
-               row_of: np.ndarray, cost: CostModel, depth_ms: float, draft_fixed_ms: float) -> tuple[int, bool] | None:
+class _DeeperPrices:
+    """[N] each node's draft price beyond the chosen set's depth (`depth_ms` per further level, plus
+    `draft_fixed_ms` while no node is chosen: the first drafted node pays for drafting at all),
+    recomputed only when the chosen set's depth changes."""
+
+    def __init__(self, depths: np.ndarray, depth_ms: float, draft_fixed_ms: float):
+        self.depths, self.depth_ms, self.draft_fixed_ms = depths, depth_ms, draft_fixed_ms
+        self._deepest, self._prices = -1, None
+
+    def at(self, deepest: int) -> np.ndarray:
+        if deepest != self._deepest:
+            prices = self.depth_ms * np.maximum(self.depths - deepest, 0)
+            self._prices = prices + self.draft_fixed_ms if deepest == 0 else prices
+            self._deepest = deepest
+        return self._prices
+
+
+def _next_node(in_frontier: np.ndarray, grown: _Growth, values: np.ndarray, expert_ms: np.ndarray,
+               deeper_ms: np.ndarray, row_of: np.ndarray, cost: CostModel) -> tuple[int, bool] | None:
     """The frontier node of best value per marginal ms, and whether it fills a slot the pass
-    computes anyway; None when no frontier node is eligible."""
-    deeper_ms = depth_ms * np.maximum(depths[frontier] - grown.deepest, 0)  # drafting one more depth
-    if grown.deepest == 0:
-        deeper_ms = deeper_ms + draft_fixed_ms  # the first drafted node pays for drafting at all
-    if len(grown.sizes) == 1:  # one row: every node widens the pass (the common case, kept short)
-        pick = int(np.argmax(values[frontier] / np.maximum(expert_ms[frontier] + cost.per_token_ms + deeper_ms, 1e-9)))
-        return int(frontier[pick]), False
-    room = grown.sizes[row_of[frontier]] < grown.width  # the node fills a slot the pass computes anyway
+    computes anyway; None when no frontier node is eligible. Every array is over all N nodes (a
+    dozen numpy calls per pick, whatever the frontier: their count, not their length, is the cost)."""
+    rows = len(grown.sizes)
+    if rows == 1:  # one row: every node widens the pass
+        ratio = values / np.maximum(expert_ms + cost.per_token_ms + deeper_ms, 1e-9)
+        return int(np.argmax(np.where(in_frontier, ratio, -np.inf))), False
+    room = grown.sizes[row_of] < grown.width  # [N] the node fills a slot the pass computes anyway
     # a free slot's node is only worth it if it raises the throughput by itself
-    eligible = ~room | (values[frontier] > grown.rate() * (expert_ms[frontier] + deeper_ms))
-    if not eligible.any():
+    eligible = in_frontier & (~room | (values > grown.rate() * (expert_ms + deeper_ms)))
+    slot_ms = np.where(room, 0.0, cost.per_token_ms * rows)  # widening the pass: B more tokens
+    ratio = np.where(eligible, values / np.maximum(expert_ms + slot_ms + deeper_ms, 1e-9), -np.inf)
+    pick = int(np.argmax(ratio))  # the first maximum: ties to the lower index
+    if not eligible[pick]:
         return None
-    frontier, room, deeper_ms = frontier[eligible], room[eligible], deeper_ms[eligible]
-    slot_ms = np.where(room, 0.0, cost.per_token_ms * len(grown.sizes))  # widening the pass: B more tokens
-    pick = int(np.argmax(values[frontier] / np.maximum(expert_ms[frontier] + slot_ms + deeper_ms, 1e-9)))
-    return int(frontier[pick]), bool(room[pick])
+    return pick, bool(room[pick])
 
 
 def best_prefix_by_score(tree: DraftTree, values: torch.Tensor, verify_ms_for_tokens, draft_ms: float) -> list[int]:
