@@ -1,10 +1,11 @@
 """The README's measured table of the controller against its anchors, from bench reports.
 
-    python scripts/controller_table.py [--results analysis/results/controller]
+    python scripts/controller_table.py [--results analysis/results/controller] [--batch]
 
 Reads `greedy_{shipped,foreign}.json`, `sampling_{shipped,foreign}.json` (both sampling settings)
-and `eager_{shipped,foreign}.json` where present, and prints one markdown column per report: every
-figure is a speedup over `ar` from that report's own interleaved run, or a ratio of two of them.
+and `eager_{shipped,foreign}.json` where present (with `--batch`: `batch_{4,16}.json` and
+`batch_{4,16}_foreign.json`), and prints one markdown column per report: every figure is a speedup
+over `ar` from that report's own interleaved run, or a ratio of two of them.
 """
 
 from __future__ import annotations
@@ -14,6 +15,17 @@ import json
 from pathlib import Path
 
 SETS = (("shipped", "shipped"), ("foreign", "held-out"))
+
+
+def batch_columns(results: Path) -> list[tuple[str, dict]]:
+    """(heading, report) per column of the batch table: B = 4, then 16, each shipped then held-out."""
+    out = []
+    for rows_ in (4, 16):
+        for suffix, name in (("", "shipped"), ("_foreign", "held-out")):
+            path = results / f"batch_{rows_}{suffix}.json"
+            if path.is_file():
+                out.append((f"B = {rows_}, {name}", json.loads(path.read_text())))
+    return out
 
 
 def columns(results: Path) -> list[tuple[str, dict]]:
@@ -122,8 +134,9 @@ def rows(report: dict) -> dict[str, str]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--results", type=Path, default=Path("analysis/results/controller"))
+    parser.add_argument("--batch", action="store_true", help="the batch table (B = 4 and 16) instead")
     args = parser.parse_args(argv)
-    found = columns(args.results)
+    found = batch_columns(args.results) if args.batch else columns(args.results)
     if not found:
         parser.error(f"no bench reports under {args.results}")
     cells = [rows(report) for _, report in found]

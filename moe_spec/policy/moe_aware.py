@@ -100,6 +100,7 @@ class MoeAwareController(ProfiledController):
 
     def _fresh_history(self) -> None:
         self.rates = ThroughputTracker()
+        self._rates_rows = 1  # the batch's rows when `rates` measured its steps
         self._recent: deque[_Choice] = deque(maxlen=self.recent_steps)  # the last sized choices
         self._plain_steps = 0
         self.draft_costs = DraftCostTracker()
@@ -190,6 +191,11 @@ class MoeAwareController(ProfiledController):
         return (scaled_ms - cost.base_ms) / scale + base.base_ms
 
     def observe(self, record: StepRecord) -> None:
+        if record.verified.rows != self._rates_rows:
+            # rows left the batch: a pass of fewer rows makes fewer tokens a ms, speculative or plain,
+            # so a window of 16-row steps says nothing of 3-row ones, nor a plain rate measured at
+            # 16 rows: both measured afresh
+            self.rates, self._rates_rows = ThroughputTracker(), record.verified.rows
         # the whole step as the controller can measure it: a speculative step's acceptance and cache
         # moves cost more than a plain one's (a batch's several ms a step)
         self.rates.update(record.speculated, record.tokens_produced,

@@ -444,3 +444,19 @@ def test_the_gate_compares_a_batch_with_a_plain_pass_of_the_whole_batch(profiled
         controller.rates.update(True, 16, 16 / (4 * one_row))  # 4x one row's rate: under the batch's
     assert controller.rates.speculation_loses(plain_rate=batched)
     assert controller._next_budget().drafts_nothing or controller._plain_steps % controller.probe_every == 0
+
+
+def test_the_gate_measures_afresh_when_rows_leave_the_batch(profiled):
+    """Steps of 16 rows make more tokens a ms than steps of 3, speculative or plain: the gate holds
+    a window of one batch size against plain steps of the same size only."""
+    _, _, profile = profiled
+    controller = MoeAwareController(profile)
+    controller.begin(TreeBudget(60, 5, 10))
+    wide, narrow = _forest(16, 3, seed=4), _forest(3, 3, seed=5)
+    roots = [DraftTree.root_only(int(tree.tokens[0])) for tree in wide]
+    controller.observe(_record(roots, [Acceptance([0], 1)] * 16, verify_ms=40.0, draft_ms=0.0))  # 0.4 tokens a ms
+    assert controller.rates.plain == pytest.approx(0.4)
+    for _ in range(controller.rates.min_speculative_steps):  # 3 rows, 2 tokens each in 30 ms: 0.2 a ms
+        controller.observe(_record(narrow, [Acceptance([0, 1], 2)] * 3, verify_ms=30.0, draft_ms=0.0))
+    assert controller.rates.plain is None, "the 16-row plain rate is not held against 3-row steps"
+    assert len(controller.rates.recent) == controller.rates.min_speculative_steps

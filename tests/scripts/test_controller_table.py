@@ -64,3 +64,15 @@ def test_the_spread_between_passes_is_the_median_move_of_a_speedup():
         for entry in prompt["methods"].values():
             entry["batch"] = [prompt["index"]]
     assert controller_table.pass_rates(report, "m2") == pytest.approx([200.0, 120.0])
+
+
+def test_the_batch_table_reads_the_batch_reports_only(tmp_path, capsys):
+    four = _report({"ar": [200, 200], "static:2": [100, 160], "moe-aware": [150, 150]})
+    (tmp_path / "batch_4_foreign.json").write_text(json.dumps(four))
+    (tmp_path / "greedy_shipped.json").write_text(json.dumps(four))
+    assert controller_table.main(["--results", str(tmp_path), "--batch"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == "| speedup over ar | B = 4, held-out |"
+    cells = {row[0]: row[1:] for row in ([c.strip() for c in line.strip("|").split("|")] for line in lines[2:])}
+    assert cells["**moe-aware**"] == ["**1.33x**"]
+    assert cells["moe-aware / static-best"] == [f"{(400 / 300) / (400 / 260):.2f}"]
