@@ -164,9 +164,9 @@ class MoeAwareController(ProfiledController):
         if drawn(candidates):  # no cut of a sampled tree is exact: the choice sizes the next one only
             whole = exact and len(growth.order) == candidates.num_drafted  # the growth priced every node
             return self._planned(candidates, probs, calibrated,
-                                 self._unscaled(cost, float(growth.verify_ms[-1])) if whole else None)
+                                 self._unscaled(cost, float(growth.verify_ms[-1]), candidates.rows) if whole else None)
         size = growth.verified_size()
-        predicted = self._unscaled(cost, float(growth.verify_ms[size])) if exact else None
+        predicted = self._unscaled(cost, float(growth.verify_ms[size]), candidates.rows) if exact else None
         if size == candidates.num_drafted:  # every drafted node pays: nothing to cut
             return self._planned(candidates, probs, calibrated, predicted)
         keep = [sorted(nodes) for nodes in growth.rows_of(size)]  # in the subforest's node order (`DraftTree.subtree`)
@@ -182,13 +182,14 @@ class MoeAwareController(ProfiledController):
         self._verify_plan = _VerifyPlan(verify.num_nodes, verify.rows, probs, calibrated, predicted_ms)
         return StepPlan(verify, self._next_budget())
 
-    def _unscaled(self, cost, scaled_ms: float) -> float:
-        """A verify time predicted under the scaled prices `cost`, under the profile's own."""
+    def _unscaled(self, cost, scaled_ms: float, rows: int) -> float:
+        """A verify time of a pass of `rows` rows predicted under the scaled prices `cost`, under the
+        profile's own (the fixed part swapped, the rest divided by the scale)."""
         base = self.profile.cost_model
         if cost is base:
             return scaled_ms
         scale = self.cost_correction.scale
-        return (scaled_ms - cost.base_ms) / scale + base.base_ms
+        return (scaled_ms - cost.fixed_ms(rows)) / scale + base.fixed_ms(rows)
 
     def observe(self, record: StepRecord) -> None:
         if record.verified.rows != self._rates_rows:
@@ -260,7 +261,7 @@ class MoeAwareController(ProfiledController):
         else:
             ms = self._plain_pass_ms(rows)
             if self.adapt:
-                ms = ms * self.cost_correction.scale + self.cost_correction.offset_ms
+                ms = ms * self.cost_correction.scale + self.cost_correction.offset_ms(rows)
         return rows / ms
 
     def _plain_pass_ms(self, rows: int) -> float:
@@ -386,7 +387,7 @@ class MoeAwareController(ProfiledController):
         ms = self._chain_ms[key]
         if not (scaled and self.adapt):
             return ms
-        return ms * self.cost_correction.scale + self.cost_correction.offset_ms  # as `cost_model()` scales it
+        return ms * self.cost_correction.scale + self.cost_correction.offset_ms(rows)  # as `cost_model()` scales it
 
     def _sized_by_last_chain(self, default: TreeBudget) -> TreeBudget:
         """The next sampled candidate tree: a chain (one draw per node), verified whole, so drafted

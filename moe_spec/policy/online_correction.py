@@ -33,7 +33,7 @@ class AcceptanceCorrection:
 
 @dataclass
 class CostCorrection:
-    """measured = scale * predicted + offset_ms, for the verify time.
+    """measured = scale * predicted + row_ms * (B - 1), for the verify time of a pass of B rows.
 
     With one row, what the profile's formula misses at run time is mostly a machine running at
     another speed than when it was profiled (its clock, its neighbours' load, a thread count), and
@@ -43,27 +43,34 @@ class CostCorrection:
     offset there (what this was before) kept the marginal token and expert at the profile's price,
     half of what they cost, and the controller verified twice the nodes that paid.
 
-    A batch's passes add per-row work the one-row prices do not see (attention over every row's
-    own prefix, padding), which is fixed per pass, not per drafted token: scaling every term by it
-    made each drafted token of a 16-row batch look dear and the controller fell below plain
-    decoding (0.87-0.91x ar at B = 16). So passes of several rows teach `offset_ms`, a moving
-    average of measured - scale * predicted, added to the fixed cost, and leave the scale as the
-    one-row passes set it. The fetch term of offloaded experts is measured on the run's own store,
-    so it is left out of both sides (`moe_aware` subtracts it).
+    A batch's passes add per-row work the profile's prices do not see (attention over every row's
+    own long prefix, which the profile's short prefixes hid: its fitted per-row term is 0), which
+    does not grow with the drafted tokens: scaling every term by it made each drafted token of a
+    16-row batch look dear and the controller fell below plain decoding (0.87-0.91x ar at B = 16).
+    So passes of several rows teach `row_ms`, ms per row after the first (measured at B = 16 on the
+    embedded pair: 11-17 ms a pass whatever the tree, 0.7-1.1 per row), a moving average of
+    (measured - scale * predicted) / (B - 1) that starts at its first sample (from 0 it took five
+    16-row steps, a third of a 32-token request, to learn the work, and verify was priced 8% under
+    what it took), and leave the scale as the one-row passes set it. Per row, not per pass: a batch
+    whose rows finish keeps the price of the rows it still has (a flat offset learnt at 16 rows
+    priced a 3-row pass 11 ms too dear). The fetch term of offloaded experts is measured on the
+    run's own store, so it is left out of both sides (`moe_aware` subtracts it).
     """
 
     smoothing: float = 0.3
     low: float = 0.25
     high: float = 4.0
     log_scale: float = 0.0
-    offset_ms: float = 0.0
+    row_ms: float = 0.0
+    row_samples: int = 0
 
     def update(self, predicted_ms: float, measured_ms: float, rows: int = 1) -> None:
         if predicted_ms <= 0 or measured_ms <= 0:
             return
         if rows > 1:
-            miss = measured_ms - self.scale * predicted_ms
-            self.offset_ms = (1 - self.smoothing) * self.offset_ms + self.smoothing * miss
+            per_row = (measured_ms - self.scale * predicted_ms) / (rows - 1)
+            self.row_ms = per_row if not self.row_samples else (1 - self.smoothing) * self.row_ms + self.smoothing * per_row
+            self.row_samples += 1
             return
         ratio = math.log(measured_ms / predicted_ms)
         blended = (1 - self.smoothing) * self.log_scale + self.smoothing * ratio
@@ -72,6 +79,10 @@ class CostCorrection:
     @property
     def scale(self) -> float:
         return math.exp(self.log_scale)
+
+    def offset_ms(self, rows: int) -> float:
+        """The per-row work learnt for a pass of `rows` rows (0 for one row)."""
+        return self.row_ms * (rows - 1)
 
 
 @dataclass

@@ -124,9 +124,9 @@ class ProfiledController:
         base = self.profile.cost_model
         if not self.adapt:
             return base
-        key = (self.cost_correction.log_scale, self.cost_correction.offset_ms)
+        key = (self.cost_correction.log_scale, self.cost_correction.row_ms)
         if self._scaled is None or self._scaled[0] != key:  # rebuilt when the correction moved
-            self._scaled = (key, base.scaled(self.cost_correction.scale, self.cost_correction.offset_ms))
+            self._scaled = (key, base.scaled(self.cost_correction.scale, self.cost_correction.row_ms))
         return self._scaled[1]
 
     def _learn_acceptance(self, record: StepRecord, values: np.ndarray | None = None) -> None:

@@ -66,8 +66,8 @@ class TruncateController(ProfiledController):
         if candidates.num_drafted == 0 or drawn(candidates):  # sampled trees: no cut is exact
             return StepPlan(candidates, self.budget)
         scale = self.cost_correction.scale if self.adapt else 1.0
-        offset = self.cost_correction.offset_ms if self.adapt else 0.0
         rows = candidates.rows
+        offset = self.cost_correction.offset_ms(rows) if self.adapt else 0.0
 
         def row_share_ms(tokens: int) -> float:
             return max(scale * self.token_cost(rows * tokens, rows) + offset, 0.0) / rows

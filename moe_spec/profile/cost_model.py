@@ -74,18 +74,19 @@ class CostModel:
         """[L] ms per unique expert in each MoE layer."""
         return np.broadcast_to(np.asarray(self.per_expert_ms, dtype=np.float64), (self.num_layers,))
 
-    def scaled(self, factor: float, offset_ms: float = 0.0) -> "CostModel":
+    def scaled(self, factor: float, row_ms: float = 0.0) -> "CostModel":
         """Every compute term times `factor` (a machine running at another speed than profiled),
-        then `offset_ms` added to the fixed cost (kept >= 0); the fetch cost, measured on the tier
-        itself, unchanged."""
-        return replace(self, base_ms=max(self.base_ms * factor + offset_ms, 0.0), per_token_ms=self.per_token_ms * factor,
-                       per_row_ms=self.per_row_ms * factor, per_expert_ms=tuple(v * factor for v in self.per_expert_ms))
+        then `row_ms` added to the per-row term; the fetch cost, measured on the tier itself,
+        unchanged. A negative `row_ms` (per-row work the profile overestimated) is applied as given;
+        `fixed_ms` keeps the fixed part of a pass >= 0."""
+        return replace(self, base_ms=self.base_ms * factor, per_token_ms=self.per_token_ms * factor,
+                       per_row_ms=self.per_row_ms * factor + row_ms, per_expert_ms=tuple(v * factor for v in self.per_expert_ms))
 
     def fixed_ms(self, rows: int = 1) -> float:
         """The part of a pass of `rows` rows that depends on neither tokens nor experts."""
         if rows < 1:
             raise ValueError(f"a verify pass has at least one row, got {rows}")
-        return self.base_ms + self.per_row_ms * (rows - 1)
+        return max(self.base_ms + self.per_row_ms * (rows - 1), 0.0)
 
     def predict_ms(self, num_tokens: float, unique_experts_per_layer: Sequence[float] | torch.Tensor, rows: int = 1,
                    misses: Sequence[float] | None = None) -> float:

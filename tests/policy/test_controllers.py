@@ -174,7 +174,7 @@ def test_truncate_prices_a_batch_with_the_row_term_and_learns_from_the_whole_pas
     measured = dear_cost(len(trees) * max(len(t) for t in trees), len(trees))  # a padded pass
     controller.observe(_record(trees, [Acceptance([0, 1], 5) for _ in trees], measured, 1.0))
     assert controller.cost_correction.scale == pytest.approx(1.0)
-    assert controller.cost_correction.offset_ms == pytest.approx(0.0)
+    assert controller.cost_correction.row_ms == pytest.approx(0.0)
 
 
 def test_values_of_a_batch_equal_each_trees_values(profiled):
@@ -361,16 +361,20 @@ def test_the_cost_correction_learns_the_machines_speed_and_is_bounded():
     assert correction.scale == pytest.approx(correction.high)
 
 
-def test_a_batchs_extra_cost_is_learnt_as_a_fixed_offset_at_the_one_row_scale():
+def test_a_batchs_extra_cost_is_learnt_per_row_at_the_one_row_scale():
     from moe_spec.policy.online_correction import CostCorrection
 
     correction = CostCorrection()
     for _ in range(30):
         correction.update(10.0, 20.0)  # one row: the machine runs at half the profiled speed
+    correction.update(30.0, 75.0, rows=16)  # 16 rows: 15 ms of per-row work on top of 2x
+    assert correction.row_ms == pytest.approx(1.0, rel=1e-3), "the first batched pass sets the per-row work, not a fraction of it"
     for _ in range(30):
-        correction.update(30.0, 75.0, rows=16)  # 16 rows: 15 ms of per-row work on top of 2x
+        correction.update(30.0, 75.0, rows=16)
     assert correction.scale == pytest.approx(2.0, rel=1e-3), "batched passes leave the speed as one row set it"
-    assert correction.offset_ms == pytest.approx(15.0, rel=1e-3)
+    assert correction.offset_ms(16) == pytest.approx(15.0, rel=1e-3)
+    assert correction.offset_ms(4) == pytest.approx(3.0, rel=1e-3), "a batch of fewer rows: less of that work"
+    assert correction.offset_ms(1) == 0.0
 
 
 def test_the_gate_compares_with_a_predicted_plain_step_until_one_is_measured():
@@ -414,7 +418,7 @@ def test_observing_learns_what_predicting_the_pass_afresh_would(profiled):
             controller.begin(TreeBudget(60, 5, 10))
             # prices at another speed than profiled, with a batch's offset: the plan's prediction
             # must still come back in the profile's own prices
-            controller.cost_correction.log_scale, controller.cost_correction.offset_ms = 0.6, 1.5
+            controller.cost_correction.log_scale, controller.cost_correction.row_ms = 0.6, 0.5
         plan = reused.plan(StepForest(trees), draft_ms=2.0)
         verified = list(plan.verify)
         acceptances = [Acceptance([0] + ([1] if tree.num_drafted else []), 3) for tree in verified]
@@ -424,7 +428,7 @@ def test_observing_learns_what_predicting_the_pass_afresh_would(profiled):
         afresh.cost_correction.update(afresh.predicted_verify_ms(record.verified), record.verify_ms, rows=rows)
         afresh._learn_acceptance(record)
         assert reused.cost_correction.scale == pytest.approx(afresh.cost_correction.scale)
-        assert reused.cost_correction.offset_ms == pytest.approx(afresh.cost_correction.offset_ms)
+        assert reused.cost_correction.row_ms == pytest.approx(afresh.cost_correction.row_ms)
         assert reused.acceptance_correction.observed == pytest.approx(afresh.acceptance_correction.observed)
         assert reused.acceptance_correction.predicted == pytest.approx(afresh.acceptance_correction.predicted)
 
