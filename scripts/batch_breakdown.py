@@ -81,7 +81,8 @@ def _checking(controller: MoeAwareController, split: Split, rows: int) -> MoeAwa
             split.predicted_tokens += sum(float(v[1:].sum()) for v in values) + rows
             split.produced_tokens += record.tokens_produced
             base, scaled = controller.profile.cost_model, controller.cost_model()
-            split.predicted_verify_ms += (plan.predicted_ms - base.base_ms) * controller.cost_correction.scale + scaled.base_ms
+            split.predicted_verify_ms += ((plan.predicted_ms - base.fixed_ms(rows)) * controller.cost_correction.scale
+                                          + scaled.fixed_ms(rows))
             split.measured_verify_ms += record.verify_ms
             split.checked_steps += 1
         observe(record)
