@@ -133,9 +133,7 @@ class SpecDecoder:
                 keep = torch.tensor(active)
                 select_rows(cache, keep)
                 batch.valid = batch.valid[keep]
-                if worth_repacking(batch.valid):  # the rows that left may have been the widest
-                    index, batch.valid = repack(batch.valid)
-                    gather_columns(cache, index)
+                batch.valid = _repacked_if_worth_it(cache, batch.valid)  # the rows that left may have been the widest
                 batch.rows = [batch.rows[i] for i in active]
                 if drafter is not None:
                     drafter.keep_rows(active)
@@ -211,9 +209,7 @@ class SpecDecoder:
             paths = [a.path for a in acceptances]
             keep_tree_paths(cache, columns, paths)
             batch.valid = tail_layout(batch.valid, paths)
-            if worth_repacking(batch.valid):  # shorter rows' stale columns: right-align every row again
-                index, batch.valid = repack(batch.valid)
-                gather_columns(cache, index)
+            batch.valid = _repacked_if_worth_it(cache, batch.valid)  # shorter rows' stale columns
         if drafter is not None:
             paths = [torch.tensor(a.path) for a in acceptances]
             drafter.commit([tree.tokens[path] for tree, path in zip(forest, paths)],
@@ -268,6 +264,16 @@ class SpecDecoder:
                 f"drafter proposed token ids outside the target vocabulary [0, {self.target.vocab_size}): "
                 f"{tree.tokens[bad].unique().tolist()[:8]}"
             )
+
+
+def _repacked_if_worth_it(cache, valid: torch.Tensor) -> torch.Tensor:
+    """`valid` [B, P], or, once its stale columns are worth a copy (`batch_layout.worth_repacking`),
+    every row right-aligned again in `cache` and the new valid columns."""
+    if not worth_repacking(valid):
+        return valid
+    index, valid = repack(valid)
+    gather_columns(cache, index)
+    return valid
 
 
 def _fetch_fields(fetch) -> dict:

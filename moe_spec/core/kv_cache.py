@@ -46,11 +46,6 @@ def keep_tree_paths(cache: DynamicCache, prefix_len: int, paths: list[list[int]]
             setattr(layer, name, states[:, :, :end])
 
 
-def keep_accepted_path(cache: DynamicCache, prefix_len: int, path: list[int]) -> None:
-    """After a one-row tree pass over `prefix_len` cached positions, keep the prefix plus `path`'s nodes."""
-    keep_tree_paths(cache, prefix_len, [path])
-
-
 def gather_columns(cache: DynamicCache, index: torch.Tensor) -> None:
     """Per row, keep cache columns `index` ([B, P'] long) in every layer, in place."""
     for layer in cache.layers:

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from moe_spec.core.kv_cache import keep_accepted_path
+from moe_spec.core.kv_cache import keep_tree_paths
 from moe_spec.core.target import TargetModel
 from moe_spec.testing.tiny_models import tiny_model
 from moe_spec.core.tree import DraftTree, ancestor_mask, path_to, root_to_leaf_paths
@@ -54,7 +54,7 @@ def test_compacted_cache_continues_like_sequential_decoding(arch, attention):
     p = len(PREFIX)
     target.forward_tree(cache, TREE.tokens[None], ancestor_mask(TREE)[None], (p + TREE.depths)[None])
     accepted = path_to(TREE, 6)  # root -> 1 -> 3 -> 6, not a contiguous prefix of the nodes
-    keep_accepted_path(cache, p, accepted)
+    keep_tree_paths(cache, p, [accepted])
     assert cache.get_seq_length() == p + len(accepted)
     sequence = PREFIX + TREE.tokens[accepted].tolist()
     # continue with a second tree over the compacted cache

@@ -13,7 +13,7 @@ from moe_spec.drafters.lookup import LookupDrafter
 from moe_spec.experiments.runner import left_pad
 from moe_spec.core.batch_layout import prefill_inputs, removable_columns, repack, step_inputs, tail_layout
 from moe_spec.core.forest import StepForest
-from moe_spec.core.kv_cache import gather_columns, keep_accepted_path, keep_tree_paths
+from moe_spec.core.kv_cache import gather_columns, keep_tree_paths
 from moe_spec.core.target import TargetModel
 from moe_spec.core.tree import DraftTree, ancestor_mask, path_to
 from moe_spec.testing.tiny_models import tiny_model
@@ -64,7 +64,7 @@ def test_one_row_cache_after_accepted_paths_is_sequential_decodings(prompt, plan
         prefix = len(committed)
         ids, mask, positions = step_inputs(StepForest((tree,)), torch.tensor([prefix]))
         target.forward_tree(cache_, ids, mask, positions)
-        keep_accepted_path(cache_, prefix, path)
+        keep_tree_paths(cache_, prefix, [path])
         committed += tree.tokens[path].tolist()
         assert cache_.get_seq_length() == len(committed)
     reference = sequential_cache(target, committed)
