@@ -130,5 +130,15 @@ def _nucleus_dropped_from_top(logits: torch.Tensor, top_p: float) -> torch.Tenso
 
 
 def sample(probs: torch.Tensor, generator: torch.Generator | None) -> int:
-    """One token id from a [V] distribution."""
-    return int(torch.multinomial(probs, 1, generator=generator))
+    """One token id from a [V] distribution (non-negative, not necessarily normalised): the inverse
+    of its float64 cumulative distribution at one uniform draw from `generator`. The same law as
+    `torch.multinomial(probs, 1)`, at a tenth of its cost over an 8192-token vocabulary on this CPU
+    (~0.02 ms against ~0.2: every decoding step samples at least once)."""
+    cdf = probs.double().cumsum(0)  # [V]
+    total = float(cdf[-1])
+    if not total > 0 or not math.isfinite(total):
+        raise ValueError(f"cannot sample from a distribution of total mass {total}")
+    u = float(torch.rand((), dtype=torch.float64, generator=generator)) * total
+    if u < total:  # a token's interval [cdf[i - 1], cdf[i]) is empty when its mass is zero
+        return int(torch.searchsorted(cdf, torch.tensor([u], dtype=torch.float64), right=True)[0])
+    return int(probs.nonzero()[-1])  # u * total rounded up to the total: the last token of positive mass

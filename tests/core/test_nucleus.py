@@ -60,3 +60,23 @@ def test_top_k_then_top_p_on_a_large_vocabulary_filters_like_transformers():
         scores = TopPLogitsWarper(config.top_p)(None, scores)
         assert torch.allclose(probabilities(logits, config), scores.softmax(-1), atol=1e-6)
         assert torch.equal(probabilities(logits, config) > 0, scores.softmax(-1) > 0)
+
+
+def test_sampling_by_inverse_cdf_follows_the_distribution_and_never_draws_zero_mass():
+    from moe_spec.core.sampling import sample
+    from moe_spec.testing.helpers import assert_follows
+
+    generator = torch.Generator().manual_seed(5)
+    probs = torch.tensor([0.0, 0.5, 0.0, 0.2, 0.25, 0.05, 0.0])
+    counts = torch.zeros(len(probs))
+    for _ in range(4000):
+        counts[sample(probs * 3.0, generator)] += 1  # an unnormalised vector draws the same law
+    assert counts[probs == 0].sum() == 0
+    assert_follows(counts, probs)
+
+
+def test_sampling_refuses_a_distribution_without_mass():
+    from moe_spec.core.sampling import sample
+
+    with pytest.raises(ValueError, match="total mass"):
+        sample(torch.zeros(5), torch.Generator())
