@@ -62,7 +62,8 @@ class MoeAwareController(ProfiledController):
     The profile's verify prices are scaled online by the measured speed of the machine
     (`CostCorrection`). Drafting pauses (probing every `probe_every` steps) when the *measured*
     throughput of speculative steps (tokens per ms of draft + plan + verify + acceptance over the last steps,
-    `ThroughputTracker`) falls below that of plain steps by more than its standard error; plain
+    `ThroughputTracker`; a sampled chain's tokens as expected from its exact acceptance probabilities,
+    `_tokens_expected`) falls below that of plain steps by more than its standard error; plain
     steps are measured, or predicted by the scaled cost model until one is. The measurement covers
     what the model cannot see, such as the drafter's and the controller's own time. Without online measurements (`adapt=False`, a replay) the model's verdict pauses drafting
     instead, after `recent_steps` sized choices of no node.
@@ -93,6 +94,7 @@ class MoeAwareController(ProfiledController):
         self._verify_plan: _VerifyPlan | None = None  # what the last plan knew of the nodes it verifies
         self._rows = 1  # rows of the batch decoding now (from the last plan)
         self.price_depths = True  # drafting stops where no deeper node could pay (`DepthPricer`)
+        self.expect_tokens = True  # the gate measures a sampled chain's expected tokens (`_tokens_expected`)
         self._curve: dict[int, np.ndarray] = {}  # tokens -> [L] the profile's unique-experts curve there
         self._chain: ChainAcceptance | None = None  # sampled chains' acceptance per depth, when the profile measured it
         self._chain_ms: dict[tuple[int, int], float] = {}  # (nodes, rows) -> the profile's verify ms of such chains
@@ -199,7 +201,7 @@ class MoeAwareController(ProfiledController):
             self.rates, self._rates_rows = ThroughputTracker(), record.verified.rows
         # the whole step as the controller can measure it: a speculative step's acceptance and cache
         # moves cost more than a plain one's (a batch's several ms a step)
-        self.rates.update(record.speculated, record.tokens_produced,
+        self.rates.update(record.speculated, self._tokens_expected(record),
                           record.draft_ms + record.plan_ms + record.verify_ms + record.accept_ms)
         plan, self._verify_plan = self._verify_plan, None
         if plan is not None and (plan.nodes, plan.rows) != (record.verified.num_nodes, record.verified.rows):
@@ -216,6 +218,28 @@ class MoeAwareController(ProfiledController):
                 self._chain.observe(_chain_trials(record))
             else:
                 self._learn_acceptance(record, plan.calibrated if plan is not None else None)
+
+    def _tokens_expected(self, record: StepRecord) -> float:
+        """The tokens the step makes on average given what it drew, for the gate's measured rate: a
+        sampled chain's 1 + sum_d a_1 ... a_d from the verification's own exact acceptance
+        probabilities (`Acceptance.trials`, up to the first rejected node; deeper nodes at the
+        per-depth acceptance chains reach, `ChainAcceptance`), where the tokens it made add the
+        luck of each acceptance draw. Top candidates, greedy steps and trees with siblings: the
+        tokens made."""
+        if self._chain is None or not self.expect_tokens or not drawn(record.verified):
+            return float(record.tokens_produced)
+        total = 0.0
+        for tree, acceptance in zip(record.verified, record.acceptances):
+            if tree.num_drafted != int(tree.depths.max()):  # siblings: not a chain
+                total += acceptance.num_accepted + 1
+                continue
+            tried = dict(acceptance.trials)  # node -> P(accepted | parent reached); a chain's node d sits at depth d
+            reach, tokens = 1.0, 1.0
+            for depth in range(1, tree.num_drafted + 1):
+                reach *= tried[depth] if depth in tried else self._chain.conditional(depth)
+                tokens += reach
+            total += tokens
+        return total
 
     def _predicted_compute_ms(self, verified: StepForest, plan: "_VerifyPlan | None") -> float:
         """The profile's (unscaled) compute time of a verified pass: the plan's prediction, or from

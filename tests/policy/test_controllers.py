@@ -324,6 +324,32 @@ def test_sampled_chains_are_sized_from_the_acceptance_chains_reach(profiled):
     assert controller._chain.counts == {1: 1, 2: 1} and controller._chain.sums == {1: 0.9, 2: 0.2}
 
 
+def test_the_gate_measures_a_sampled_chain_by_the_tokens_it_expects_given_its_draws(profiled):
+    """A sampled chain's step counts 1 + a_1 + a_1 a_2 + ... from the verification's exact acceptance
+    probabilities (past the first rejection, the per-depth acceptance chains reach), not the luck of
+    the acceptance draws; with `expect_tokens` off, the tokens made."""
+    from moe_spec.core.sampling import SamplingConfig
+    from moe_spec.profile.sampling_acceptance import SettingAcceptance
+
+    _, _, base = profiled
+    sampling = SamplingConfig(temperature=0.7, top_p=0.9)
+    entry = SettingAcceptance(0.7, 0, 0.9, True, 2.0, 10, 60, base.calibration, "chain:5", (0.7, 0.6, 0.5, 0.4, 0.3))
+    chain = DraftTree.from_lists([5, 6, 7, 8], [-1, 0, 1, 2])
+    drawn_chain = DraftTree(chain.tokens, chain.parents, chain.scores, torch.full((4, 3), 1 / 3), torch.arange(3),
+                            torch.zeros(4, dtype=torch.long))
+    accepted = Acceptance([0, 1], 9, ((1, 0.9), (2, 0.2)))  # node 1 accepted, node 2 tried and rejected
+    counted = {}
+    for expect in (True, False):
+        controller = MoeAwareController(replace(base, sampling_acceptance=(entry,)), scheme="sampled")
+        controller.expect_tokens = expect
+        controller.begin(TreeBudget(60, 5, 10), sampling)
+        controller.plan(StepForest((drawn_chain,)), draft_ms=3.0)
+        controller.observe(_record([drawn_chain], [accepted], verify_ms=30.0, draft_ms=3.0))
+        counted[expect] = controller.rates.recent[-1][0]
+    assert counted[True] == pytest.approx(1 + 0.9 + 0.9 * 0.2 + 0.9 * 0.2 * 0.5)  # depth 3 untried: the prior's 0.5
+    assert counted[False] == 2  # one accepted draft and the bonus token
+
+
 def _record(trees: list[DraftTree], acceptances: list[Acceptance], verify_ms: float, draft_ms: float) -> StepRecord:
     """The record of a step that verified `trees` (no routing recorded)."""
     forest = StepForest(trees)
