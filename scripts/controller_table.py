@@ -1,11 +1,13 @@
 """The README's measured table of the controller against its anchors, from bench reports.
 
-    python scripts/controller_table.py [--results analysis/results/controller] [--batch]
+    python scripts/controller_table.py [--results analysis/results/controller] [--batch | --accept]
 
 Reads `greedy_{shipped,foreign}.json`, `sampling_{shipped,foreign}.json` (both sampling settings)
 and `eager_{shipped,foreign}.json` where present (with `--batch`: `batch_{4,16}.json` and
 `batch_{4,16}_foreign.json`), and prints one markdown column per report: every figure is a speedup
-over `ar` from that report's own interleaved run, or a ratio of two of them.
+over `ar` from that report's own interleaved run, or a ratio of two of them. With `--accept`: the
+mean accepted length (bonus token included) of fixed trees of 4, 8 and 60 nodes under top-token and
+sampled candidates, per sampling report that benched both.
 """
 
 from __future__ import annotations
@@ -131,11 +133,45 @@ def rows(report: dict) -> dict[str, str]:
     }
 
 
+ACCEPT_SIZES = (4, 8, 60)
+
+
+def accept_rows(results: Path) -> list[str]:
+    """Markdown rows: per sampling report, the mean accepted length of `static:N@top` and
+    `static:N@sampled` (N = 60: `eagle2@...`, EAGLE-2's budget) and the sampled scheme's gain."""
+    out = []
+    for heading, report in columns(results):
+        table = report["methods"]
+        cells = []
+        for size in ACCEPT_SIZES:
+            names = [f"static:{size}@{scheme}" for scheme in ("top", "sampled")]
+            if size == 60:
+                names = [name if name in table else f"eagle2@{name.partition('@')[2]}" for name in names]
+            if all(name in table for name in names):
+                top, sampled = (table[name]["mean_accept_len"] for name in names)
+                cells.append(f"{top:.2f} / {sampled:.2f} ({sampled / top - 1:+.0%})")
+            else:
+                cells.append("-")
+        if any(cell != "-" for cell in cells):
+            out.append(f"| {heading} | " + " | ".join(cells) + " |")
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--results", type=Path, default=Path("analysis/results/controller"))
     parser.add_argument("--batch", action="store_true", help="the batch table (B = 4 and 16) instead")
+    parser.add_argument("--accept", action="store_true",
+                        help="accepted length of top-token against sampled candidates at 4, 8 and 60 nodes instead")
     args = parser.parse_args(argv)
+    if args.accept:
+        found = accept_rows(args.results)
+        if not found:
+            parser.error(f"no sampling report under {args.results} benched both candidate schemes")
+        print("| accepted length, top / sampled candidates | " + " | ".join(f"{n} nodes" for n in ACCEPT_SIZES) + " |")
+        print("|---" * (len(ACCEPT_SIZES) + 1) + "|")
+        print("\n".join(found))
+        return 0
     found = batch_columns(args.results) if args.batch else columns(args.results)
     if not found:
         parser.error(f"no bench reports under {args.results}")

@@ -76,3 +76,20 @@ def test_the_batch_table_reads_the_batch_reports_only(tmp_path, capsys):
     cells = {row[0]: row[1:] for row in ([c.strip() for c in line.strip("|").split("|")] for line in lines[2:])}
     assert cells["**moe-aware**"] == ["**1.33x**"]
     assert cells["moe-aware / static-best"] == [f"{(400 / 300) / (400 / 260):.2f}"]
+
+
+def test_the_accept_table_sets_top_candidates_against_sampled_ones(tmp_path, capsys):
+    report = _report({"ar": [200, 200], "static:4@top": [150, 150], "static:4@sampled": [120, 120],
+                      "eagle2@top": [300, 300], "eagle2@sampled": [250, 250]})
+    lengths = {"static:4@top": 1.5, "static:4@sampled": 2.25, "eagle2@top": 2.0, "eagle2@sampled": 3.0}
+    for name, length in lengths.items():
+        report["methods"][name]["mean_accept_len"] = length
+    (tmp_path / "sampling_shipped.json").write_text(json.dumps({"reports": {"temperature=1": report}}))
+    assert controller_table.main(["--results", str(tmp_path), "--accept"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == "| accepted length, top / sampled candidates | 4 nodes | 8 nodes | 60 nodes |"
+    assert lines[2] == "| T = 1, shipped | 1.50 / 2.25 (+50%) | - | 2.00 / 3.00 (+50%) |"
+    (tmp_path / "sampling_shipped.json").unlink()
+    (tmp_path / "greedy_shipped.json").write_text(json.dumps(_report({"ar": [200, 200], "moe-aware": [150, 150]})))
+    with pytest.raises(SystemExit):  # no report benched both candidate schemes
+        controller_table.main(["--results", str(tmp_path), "--accept"])
