@@ -67,17 +67,17 @@ def main(argv: list[str] | None = None) -> int:
 
     distributions = [probabilities(row, config) for row in logits]
     generator = torch.Generator().manual_seed(0)
-    figures = {}
-    for _ in range(2):  # the two ways alternate, twice over
-        figures["probabilities_sorted_us"] = min(figures.get("probabilities_sorted_us", 1e9),
-                                                 best_us(sorted_probabilities, logits, args.repeats))
-        figures["probabilities_us"] = min(figures.get("probabilities_us", 1e9),
-                                          best_us(lambda row: probabilities(row, config), logits, args.repeats))
-        figures["multinomial_us"] = min(figures.get("multinomial_us", 1e9), best_us(
-            lambda i: int(torch.multinomial(distributions[int(i)], 1, generator=generator)),
-            torch.arange(len(distributions)), args.repeats))
-        figures["sample_us"] = min(figures.get("sample_us", 1e9), best_us(
-            lambda i: sample(distributions[int(i)], generator), torch.arange(len(distributions)), args.repeats))
+    indices = torch.arange(len(distributions))
+    ways = {  # name -> (function, what it sweeps)
+        "probabilities_sorted_us": (sorted_probabilities, logits),
+        "probabilities_us": (lambda row: probabilities(row, config), logits),
+        "multinomial_us": (lambda i: int(torch.multinomial(distributions[int(i)], 1, generator=generator)), indices),
+        "sample_us": (lambda i: sample(distributions[int(i)], generator), indices),
+    }
+    figures = {name: float("inf") for name in ways}
+    for _ in range(2):  # the ways alternate, twice over
+        for name, (fn, rows) in ways.items():
+            figures[name] = min(figures[name], best_us(fn, rows, args.repeats))
     print(f"{len(logits)} rows of {logits.shape[1]} logits, T = 0.7 top-p 0.9, masks equal on every row: {mismatched == 0}")
     print(f"probabilities: {figures['probabilities_us']:.0f} us a row (nucleus from the top) against "
           f"{figures['probabilities_sorted_us']:.0f} us (whole vocabulary sorted)")

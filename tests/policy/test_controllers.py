@@ -314,10 +314,8 @@ def test_sampled_chains_are_sized_from_the_acceptance_chains_reach(profiled):
     expected, _ = best_chain_length(controller._chain.reach(5),
                                     lambda n: (fixed + per_node * n if n else 0.0) + controller._chain_verify_ms(n, 1))
     assert budget.max_nodes == max(expected, 1)
-    chain = DraftTree.from_lists([5, 6, 7, 8], [-1, 0, 1, 2])
     accepted = Acceptance([0, 1], 9, ((1, 0.9), (2, 0.2)))
-    drawn_chain = DraftTree(chain.tokens, chain.parents, chain.scores, torch.full((4, 3), 1 / 3), torch.arange(3),
-                            torch.zeros(4, dtype=torch.long))
+    drawn_chain = _drawn_chain()
     plan = controller.plan(StepForest((drawn_chain,)), draft_ms=3.0)
     assert plan.verify.num_nodes == 4, "a sampled chain is verified whole"
     controller.observe(_record([drawn_chain], [accepted], verify_ms=30.0, draft_ms=3.0))
@@ -334,9 +332,7 @@ def test_the_gate_measures_a_sampled_chain_by_the_tokens_it_expects_given_its_dr
     _, _, base = profiled
     sampling = SamplingConfig(temperature=0.7, top_p=0.9)
     entry = SettingAcceptance(0.7, 0, 0.9, True, 2.0, 10, 60, base.calibration, "chain:5", (0.7, 0.6, 0.5, 0.4, 0.3))
-    chain = DraftTree.from_lists([5, 6, 7, 8], [-1, 0, 1, 2])
-    drawn_chain = DraftTree(chain.tokens, chain.parents, chain.scores, torch.full((4, 3), 1 / 3), torch.arange(3),
-                            torch.zeros(4, dtype=torch.long))
+    drawn_chain = _drawn_chain()
     accepted = Acceptance([0, 1], 9, ((1, 0.9), (2, 0.2)))  # node 1 accepted, node 2 tried and rejected
     counted = {}
     for expect in (True, False):
@@ -348,6 +344,13 @@ def test_the_gate_measures_a_sampled_chain_by_the_tokens_it_expects_given_its_dr
         counted[expect] = controller.rates.recent[-1][0]
     assert counted[True] == pytest.approx(1 + 0.9 + 0.9 * 0.2 + 0.9 * 0.2 * 0.5)  # depth 3 untried: the prior's 0.5
     assert counted[False] == 2  # one accepted draft and the bonus token
+
+
+def _drawn_chain() -> DraftTree:
+    """A sampled chain of three drafted nodes over a uniform three-token proposal."""
+    chain = DraftTree.from_lists([5, 6, 7, 8], [-1, 0, 1, 2])
+    return DraftTree(chain.tokens, chain.parents, chain.scores, torch.full((4, 3), 1 / 3), torch.arange(3),
+                     torch.zeros(4, dtype=torch.long))
 
 
 def _record(trees: list[DraftTree], acceptances: list[Acceptance], verify_ms: float, draft_ms: float) -> StepRecord:
