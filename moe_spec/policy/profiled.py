@@ -190,7 +190,7 @@ class ProfiledController:
 
     def _expert_sets(self, forest: StepForest) -> ExpertSets | None:
         """The routing `_expert_probs` predicts, as flat (layer * E + expert) id sets, when the
-        profile prices 0/1 top-K sets (the one-row growth reads these; no one-hot is built); None
+        profile prices 0/1 top-K sets (the growth in plain Python reads these; no one-hot is built); None
         for a dense target or probability pricing. Where routing comes from is overridden in
         `_expert_probs`: an override there is read through `flat_expert_sets` here."""
         if type(self)._expert_probs is not ProfiledController._expert_probs:  # routing from elsewhere

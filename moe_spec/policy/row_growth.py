@@ -1,17 +1,20 @@
-"""Best-first growth of one row's tree in plain Python: `selection.grow_forest`'s common case.
+"""Best-first growth in plain Python: `selection.grow_forest`'s common case.
 
-One sequence decoding with top candidates priced by 0/1 expert sets (what the head routing
-predictor and the token table's top-K give) is the step the controller plans most often, on a few
-dozen nodes. There numpy's cost is its calls, not its arithmetic: some 120 calls a step, each
-two to three times slower than in a loop of its own, because the target's forward between two
-steps evicts the interpreter's and numpy's working set from the caches (a plan measured 0.75 ms
-replayed back to back and 1.25 ms inside decoding). Sets of (layer, expert) ids and Python floats
-touch far less, so this grows the same set in the same order, with the same prices, as the
-vectorised growth (`selection.grow_forest`, which the tests hold it to), for one row only and
-without residency pricing.
+Decoding with top candidates priced by 0/1 expert sets (what the head routing predictor and the
+token table's top-K give), one sequence or a batch's rows in one padded pass, is the step the
+controller plans most often, on a few dozen nodes a row. There numpy's cost is its calls, not its
+arithmetic: some 120 calls a step, each two to three times slower than in a loop of its own,
+because the target's forward between two steps evicts the interpreter's and numpy's working set
+from the caches (a one-row plan measured 0.75 ms replayed back to back and 1.25 ms inside
+decoding; a 16-row plan 3.9 ms inside decoding with the vectorised growth, 3.0 with this one). Sets
+of (layer, expert) ids and Python floats touch far less, so this grows the same set in the same
+order, with the same prices, as the vectorised growth (`selection.grow_forest`, which the tests
+hold it to), without residency pricing.
 
 A node's price is the per-expert ms of the (layer, expert) pairs it would load that no chosen
 node loads yet; choosing a node lowers the price of every frontier node sharing its new pairs.
+A lazy heap instead of the scan of the frontier per pick was measured no faster (a pick's new
+experts touch about half the frontier's prices).
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ import numpy as np
 
 class ExpertSets(NamedTuple):
     """Each node's predicted experts as flat (layer * E + expert) ids: 0/1 routing in the form the
-    one-row growth reads (`ProfiledController._expert_sets` predicts it without a one-hot)."""
+    growth in plain Python reads (`ProfiledController._expert_sets` predicts it without a one-hot)."""
 
     ids: list[frozenset[int]]  # per node
     num_experts: int  # E: flat id x is expert x % E of layer x // E
@@ -57,53 +60,84 @@ def _weights(expert_ms: tuple[float, ...], num_experts: int) -> list[float]:
 _WEIGHTS: dict[tuple[tuple[float, ...], int], list[float]] = {}
 
 
-def grow_one_row(values: list[float], parents: list[int], depths: list[int], sets: list[frozenset[int]] | None,
-                 expert_ms: list[float], num_experts: int, per_token_ms: float, roots_fixed_ms: float,
-                 depth_ms: float, draft_fixed_ms: float, limit: int, patience: int,
-                 ) -> tuple[list[int], list[float], list[float], list[float], int]:
-    """One row's best-first growth (node 0 the root). sets: each node's (layer, expert) ids, None
-    when experts are not priced; expert_ms: [L] ms per newly loaded expert of each layer;
-    roots_fixed_ms: the pass's fixed cost. Returns (order, value, verify_ms, draft_ms, best_size)
-    as `selection.ForestGrowth` holds them."""
+def grow_rows(values: list[float], parents: list[int], depths: list[int], row_of: list[int], rows: int,
+              sets: list[frozenset[int]] | None, expert_ms: list[float], num_experts: int, per_token_ms: float,
+              roots_fixed_ms: float, depth_ms: float, draft_fixed_ms: float, limit: int, patience: int,
+              ) -> tuple[list[int], list[float], list[float], list[float], int]:
+    """Best-first growth over `rows` rows verified in one padded pass, their nodes flat (a root's
+    parent is -1, `row_of` each node's row). sets: each node's (layer, expert) ids, None when
+    experts are not priced; expert_ms: [L] ms per newly loaded expert of each layer;
+    roots_fixed_ms: the pass's fixed cost at this many rows. Returns (order, value, verify_ms,
+    draft_ms, best_size) as `selection.ForestGrowth` holds them, with `selection.grow_forest`'s
+    prices: a node in a row narrower than the pass fills a slot computed anyway (its experts only,
+    and only while it raises the throughput by itself); otherwise it widens the pass by `rows`
+    tokens. With one row every node widens it."""
     n = len(values)
     children: list[list[int]] = [[] for _ in range(n)]
-    for node in range(1, n):
-        children[parents[node]].append(node)
+    roots = []
+    for node in range(n):
+        if parents[node] < 0:
+            roots.append(node)
+        else:
+            children[parents[node]].append(node)
     # one price for every layer's experts (a shared per-expert cost): a node's price is that times
     # the count of its new ids, no per-id sums
     uniform = expert_ms[0] if expert_ms and min(expert_ms) == max(expert_ms) else None
     weight = _weights(tuple(expert_ms), num_experts) if sets is not None and uniform is None else []
-    loaded = set(sets[0]) if sets is not None else set()
+    loaded = set().union(*(sets[root] for root in roots)) if sets is not None else set()
 
     def priced(ids) -> float:
         return uniform * len(ids) if uniform is not None else sum(weight[x] for x in ids)
 
-    roots_ms = roots_fixed_ms + per_token_ms + (priced(loaded) if sets is not None else 0.0)
+    widen_ms = per_token_ms * rows  # a node widening the pass: a token more in every row
+    roots_ms = roots_fixed_ms + widen_ms + (priced(loaded) if sets is not None else 0.0)
     price: dict[int, float] = {}  # frontier node -> ms of the experts it would newly load
 
     def enter(node: int) -> None:
         price[node] = priced(sets[node] - loaded) if sets is not None else 0.0
 
-    for child in children[0]:
-        enter(child)
-    value, verify, deepest, draft = 1.0, roots_ms, 0, 0.0
+    for root in roots:
+        for child in children[root]:
+            enter(child)
+    sizes, width = [1] * rows, 1  # nodes per row, roots included; the pass's width
+    value, verify, deepest, draft = float(rows), roots_ms, 0, 0.0
     order: list[int] = []
     values_seen, verify_seen, draft_seen = [value], [verify], [draft]
-    best_rate, best_size, stale = value / max(verify, 1e-9), 0, 0
+    best_rate = rate = value / max(verify, 1e-9)
+    best_size, stale = 0, 0
+    deepest_priced, deeper_at = -1, []  # deeper_at[d]: a node at depth d's draft price past `deepest`
     while len(order) < limit and stale < patience and price:
-        pick, pick_ratio = -1, 0.0
+        if deepest != deepest_priced:
+            fixed = draft_fixed_ms if deepest == 0 else 0.0
+            deeper_at = [depth_ms * max(d - deepest, 0) + fixed for d in range(max(depths) + 1)]
+            deepest_priced = deepest
+        pick, pick_ratio, pick_fills = -1, 0.0, False
         for node in sorted(price):  # ascending: ties go to the lower index, as numpy's argmax
-            deeper = depth_ms * max(depths[node] - deepest, 0) + (draft_fixed_ms if deepest == 0 else 0.0)
-            ratio = values[node] / max(price[node] + per_token_ms + deeper, 1e-9)
+            deeper = deeper_at[depths[node]]
+            if sizes[row_of[node]] < width:  # fills a slot the pass computes anyway
+                marginal = price[node] + deeper
+                if not values[node] > rate * marginal:  # such a node must raise the throughput itself
+                    continue
+                fills = True
+            else:
+                marginal = price[node] + widen_ms + deeper
+                fills = False
+            ratio = values[node] / (marginal if marginal > 1e-9 else 1e-9)
             if pick < 0 or ratio > pick_ratio:
-                pick, pick_ratio = node, ratio
-        verify += per_token_ms + price.pop(pick)
+                pick, pick_ratio, pick_fills = node, ratio, fills
+        if pick < 0:
+            break
+        if not pick_fills:
+            width += 1
+            verify += widen_ms
+        verify += price.pop(pick)
+        sizes[row_of[pick]] += 1
         deepest = max(deepest, depths[pick])
         draft = draft_fixed_ms + depth_ms * deepest
         value += values[pick]
         order.append(pick)
-        if sets is not None:
-            new = sets[pick] - loaded
+        new = sets[pick] - loaded if sets is not None else None
+        if new:
             loaded |= new
             for node in price:  # their shared new experts are loaded now
                 shared = sets[node] & new

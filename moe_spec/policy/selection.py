@@ -50,7 +50,7 @@ import torch
 from moe_spec.profile.cost_model import CostModel
 from moe_spec.core.forest import StepForest
 from moe_spec.core.tree import DraftTree
-from moe_spec.policy.row_growth import ExpertSets, flat_expert_sets, grow_one_row
+from moe_spec.policy.row_growth import ExpertSets, flat_expert_sets, grow_rows
 
 
 @dataclass(frozen=True)
@@ -60,7 +60,7 @@ class StepPrices:
     values: torch.Tensor  # [N] float: calibrated P(node on the accepted path); root's entry is ignored
     expert_probs: torch.Tensor | None  # [L, N, E] predicted routing probabilities; None: dense or not priced
     # the same routing as flat id sets (0/1 routing of one row), standing in for expert_probs where
-    # only the one-row growth reads it (`row_growth`); None: derived from expert_probs when needed
+    # only the growth in plain Python reads it (`row_growth`); None: derived from expert_probs when needed
     expert_sets: ExpertSets | None = None
 
     @property
@@ -257,13 +257,13 @@ def grow_forest(
     n, batch = forest.num_nodes, forest.rows
     limit = n - batch if max_nodes is None else min(max_nodes, n - batch)
     patience = 11 + batch if patience is None else patience
-    if batch == 1 and residency is None:  # the common case, in plain Python (`row_growth`)
-        growth = _grow_one_row(forest, prices[0], cost, depth_ms, draft_fixed_ms, limit, patience)
+    if residency is None:  # 0/1 routing or none priced (the common case), in plain Python (`row_growth`)
+        growth = _grow_sets(forest, prices, cost, depth_ms, draft_fixed_ms, limit, patience)
         if growth is not None:
             return growth
     if any(p.expert_probs is None and p.expert_sets is not None for p in prices):
-        raise ValueError("expert_sets stand in for expert_probs in one-row growth without residency only; "
-                         "pass expert_probs for several rows or with residency")
+        raise ValueError("expert_sets stand in for expert_probs in growth without residency only; "
+                         "pass expert_probs with residency")
     values = np.concatenate([p.values.double().numpy() for p in prices])  # [N]
     depths, parents, row_of = forest.depths, forest.parents, forest.row_of
     priced = cost.num_layers > 0 and all(p.expert_probs is not None for p in prices)
@@ -310,21 +310,31 @@ def grow_forest(
     return ForestGrowth(forest, chosen, value, verify_ms, draft_ms, best_size)
 
 
-def _grow_one_row(forest: StepForest, prices: StepPrices, cost: CostModel, depth_ms: float, draft_fixed_ms: float,
-                  limit: int, patience: int) -> ForestGrowth | None:
-    """`row_growth.grow_one_row` on one row's tree (its routing as `prices.expert_sets`, or derived
-    from its 0/1 `expert_probs`); None when its routing is priced as probabilities (not 0/1 sets),
-    which the vectorised growth handles."""
-    priced = cost.num_layers > 0 and prices.priced
-    sets = (prices.expert_sets if prices.expert_sets is not None else flat_expert_sets(prices.expert_probs)) if priced else None
-    if priced and sets is None:
+def _grow_sets(forest: StepForest, prices: list[StepPrices], cost: CostModel, depth_ms: float, draft_fixed_ms: float,
+               limit: int, patience: int) -> ForestGrowth | None:
+    """`row_growth.grow_rows` on the rows' trees (their routing as each `expert_sets`, or derived
+    from 0/1 `expert_probs`); None when some row's routing is priced as probabilities (not 0/1
+    sets) or only some rows' experts are priced, which the vectorised growth handles."""
+    priced = cost.num_layers > 0 and all(p.priced for p in prices)
+    if cost.num_layers > 0 and not priced and any(p.priced for p in prices):
         return None
+    sets = None
+    if priced:
+        per_row = [p.expert_sets if p.expert_sets is not None else flat_expert_sets(p.expert_probs) for p in prices]
+        if any(row is None for row in per_row) or len({row.num_experts for row in per_row}) > 1:
+            return None
+        sets = per_row[0].ids if len(per_row) == 1 else [ids for row in per_row for ids in row.ids]
     expert_ms = cost.expert_weights().tolist() if priced else []
-    tree = forest[0]  # one row: its flat indices are the tree's own
-    order, value, verify_ms, draft_ms, best_size = grow_one_row(
-        prices.values.tolist(), tree.parents.tolist(), tree.depths.tolist(), sets.ids if priced else None,
-        expert_ms, sets.num_experts if priced else 0,
-        cost.per_token_ms, cost.fixed_ms(1), depth_ms, draft_fixed_ms, limit, patience)
+    if forest.rows == 1:  # its flat indices are the tree's own
+        tree = forest[0]
+        values, parents, depths, row_of = prices[0].values.tolist(), tree.parents.tolist(), tree.depths.tolist(), [0] * len(tree)
+    else:
+        values = np.concatenate([p.values.double().numpy() for p in prices]).tolist()
+        parents, depths, row_of = forest.parents.tolist(), forest.depths.tolist(), forest.row_of.tolist()
+    order, value, verify_ms, draft_ms, best_size = grow_rows(
+        values, parents, depths, row_of, forest.rows, sets,
+        expert_ms, per_row[0].num_experts if priced else 0,
+        cost.per_token_ms, cost.fixed_ms(forest.rows), depth_ms, draft_fixed_ms, limit, patience)
     return ForestGrowth(forest, order, np.array(value), np.array(verify_ms), np.array(draft_ms), best_size)
 
 

@@ -294,39 +294,41 @@ def test_the_growth_records_each_set_it_passed_through():
     assert growth.sized() == best_first_forest([tree], [prices], cost, depth_ms)
 
 
-def test_the_one_row_growth_in_python_is_the_vectorised_growth():
-    """`row_growth` (one row, 0/1 expert sets, plain Python) against the vectorised growth, which
-    runs when residency is passed (all resident and no fetch cost: the same prices): the same
-    order, the same value, verify and draft time after every node, the same best set. Per-layer
-    and shared per-expert prices, with and without experts priced, capped and uncapped."""
+def test_the_growth_in_python_is_the_vectorised_growth():
+    """`row_growth` (0/1 expert sets, plain Python) against the vectorised growth, which runs when
+    residency is passed (all resident and no fetch cost: the same prices): the same order, the
+    same value, verify and draft time after every node, the same best set. One row and several
+    (padded passes: free slots and widening), per-layer and shared per-expert prices, with and
+    without experts priced, capped and uncapped."""
     from moe_spec.policy.row_growth import flat_expert_sets
 
     rng = np.random.default_rng(3)
-    compared = 0
-    for case in range(150):
+    compared = {1: 0, 2: 0}
+    for case in range(300):
         layers, experts = int(rng.integers(1, 5)), int(rng.integers(4, 17))
-        trees, prices = _random_forest(rng, 1, 30, layers, experts, fractional=False)
-        shared = case % 2 == 0
+        rows = 1 if case % 2 else int(rng.integers(2, 7))
+        trees, prices = _random_forest(rng, rows, 30 if rows == 1 else 10, layers, experts, fractional=False)
+        shared = case % 4 < 2
         cost = CostModel(base_ms=rng.uniform(2, 20), per_token_ms=rng.uniform(0.02, 0.5),
                          per_expert_ms=(rng.uniform(0.05, 1.0),) if shared else tuple(rng.uniform(0.05, 1.0, size=layers)),
-                         num_layers=layers)
+                         num_layers=layers, per_row_ms=rng.uniform(0, 3))
         depth_ms, fixed_ms = rng.uniform(0, 3), rng.uniform(0, 3) * (case % 3 == 0)
-        price = prices[0] if case % 5 else StepPrices(prices[0].values, None)
-        max_nodes = None if case % 4 else int(rng.integers(1, 8))
+        price = prices if case % 5 else [StepPrices(p.values, None) for p in prices]
+        max_nodes = None if case % 7 else int(rng.integers(1, 8))
         resident = torch.ones(layers, experts, dtype=torch.bool)
-        fast = grow_forest(trees, [price], cost, depth_ms, max_nodes, draft_fixed_ms=fixed_ms)
-        if price.expert_probs is not None:  # the routing given as sets instead: the same growth
-            as_sets = StepPrices(price.values, None, flat_expert_sets(price.expert_probs))
-            same = grow_forest(trees, [as_sets], cost, depth_ms, max_nodes, draft_fixed_ms=fixed_ms)
+        fast = grow_forest(trees, price, cost, depth_ms, max_nodes, draft_fixed_ms=fixed_ms)
+        if price[0].expert_probs is not None:  # the routing given as sets instead: the same growth
+            as_sets = [StepPrices(p.values, None, flat_expert_sets(p.expert_probs)) for p in price]
+            same = grow_forest(trees, as_sets, cost, depth_ms, max_nodes, draft_fixed_ms=fixed_ms)
             assert same.order == fast.order and np.array_equal(same.verify_ms, fast.verify_ms), f"case {case}"
             with pytest.raises(ValueError, match="expert_sets"):  # sets alone cannot price residency
-                grow_forest(trees, [as_sets], cost, depth_ms, max_nodes, residency=resident)
-        vectorised = grow_forest(trees, [price], cost, depth_ms, max_nodes, draft_fixed_ms=fixed_ms, residency=resident)
+                grow_forest(trees, as_sets, cost, depth_ms, max_nodes, residency=resident)
+        vectorised = grow_forest(trees, price, cost, depth_ms, max_nodes, draft_fixed_ms=fixed_ms, residency=resident)
         assert fast.order == vectorised.order and fast.best_size == vectorised.best_size, f"case {case}"
         for field in ("value", "verify_ms", "draft_ms"):
             assert np.allclose(getattr(fast, field), getattr(vectorised, field)), f"case {case}: {field}"
-        compared += len(fast.order) > 2
-    assert compared > 100, "the cases must exercise growth"
+        compared[min(rows, 2)] += len(fast.order) > 2
+    assert min(compared.values()) > 100, f"the cases must exercise growth: {compared}"
     sets = flat_expert_sets(torch.tensor([[[0.0, 1.0, 1.0], [1.0, 0.0, 1.0]], [[1.0, 1.0, 0.0], [0.0, 1.0, 1.0]]]))
     assert sets.ids == [frozenset({1, 2, 3, 4}), frozenset({0, 2, 4, 5})] and sets.num_experts == 3  # layer * E + expert
     assert flat_expert_sets(torch.tensor([[[0.5, 1.0, 0.5]]])) is None  # probabilities: the vectorised growth
