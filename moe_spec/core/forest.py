@@ -61,12 +61,12 @@ class StepForest:
         """Tokens the padded pass computes: B x width."""
         return self.rows * self.width
 
-    @property
+    @cached_property
     def num_nodes(self) -> int:
         """Real nodes over all rows (padding excluded), roots included."""
         return int(self.sizes.sum())
 
-    @property
+    @cached_property
     def num_drafted(self) -> int:
         return self.num_nodes - self.rows
 
@@ -82,11 +82,6 @@ class StepForest:
                                for t, o in zip(self.trees, self.offsets)])
 
     @cached_property
-    def parent_or_self(self) -> np.ndarray:
-        """[N] flat parent, a root being its own parent (for gathers that must not index -1)."""
-        return np.where(self.parents >= 0, self.parents, np.arange(self.num_nodes))
-
-    @cached_property
     def depths(self) -> np.ndarray:
         """[N] depth of each node."""
         return np.concatenate([t.depths.numpy() for t in self.trees])
@@ -95,11 +90,6 @@ class StepForest:
     def scores(self) -> np.ndarray:
         """[N] float64 cumulative draft log-probability."""
         return np.concatenate([t.scores.double().numpy() for t in self.trees])
-
-    @cached_property
-    def first_children(self) -> np.ndarray:
-        """[N] bool: the node is its parent's first child (`DraftTree.sibling_ranks` 0; roots too)."""
-        return np.concatenate([t.sibling_ranks.numpy() == 0 for t in self.trees])
 
     @cached_property
     def tokens(self) -> torch.Tensor:
@@ -114,14 +104,6 @@ class StepForest:
     @cached_property
     def max_depth(self) -> int:
         return int(self.depths.max())
-
-    @cached_property
-    def levels(self) -> tuple[tuple[np.ndarray, np.ndarray], ...]:
-        """Per depth 1, 2, ..., max_depth: (the nodes at that depth, their parents), so that products
-        and clamps down every path run a level at a time (a level's parents are all one level up)."""
-        order = np.argsort(self.depths, kind="stable")
-        bounds = np.searchsorted(self.depths[order], np.arange(1, self.max_depth + 2))
-        return tuple((order[start:end], self.parents[order[start:end]]) for start, end in zip(bounds[:-1], bounds[1:]))
 
     def split(self, values):
         """Per-node values [N] (or [..., N, ...] along `dim=0` for numpy / torch) -> one chunk per row."""

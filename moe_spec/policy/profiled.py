@@ -64,23 +64,22 @@ class ProfiledController:
         return self.values_of(StepForest((tree,)))[0]
 
     def values_of(self, forest: StepForest) -> list[torch.Tensor]:
-        """`values` of every row's tree, computed over all rows' nodes at once (each tree's [N_b])."""
+        """`values` of every row's tree (each tree's [N_b]), in plain Python node by node (parents
+        come first): a few dozen nodes a step, where each numpy call costs more than its arithmetic."""
         forest = StepForest.of(forest)
         calibrated = self._calibrated(forest)  # roots 1; kept as computed for `observe`
-        if self.adapt and forest.rows == 1:  # one tree: a few nodes, in plain Python (parents come first)
-            factor = self.acceptance_correction.factor
-            tree = forest[0]
-            parents, depths, clamped = tree.parents.tolist(), tree.depths.tolist(), calibrated.tolist()
-            factors = [1.0] + [factor(depth) for depth in range(1, forest.max_depth + 1)]
-            for node in range(1, len(clamped)):
+        if not self.adapt:
+            return forest.split(torch.from_numpy(calibrated.copy()))
+        factor = self.acceptance_correction.factor
+        factors = [1.0] + [factor(depth) for depth in range(1, forest.max_depth + 1)]
+        flat, out = calibrated.tolist(), []
+        for tree, start in zip(forest.trees, forest.offsets.tolist()):
+            parents, depths = tree.parents.tolist(), tree.depths.tolist()
+            clamped = flat[start:start + len(parents)]
+            for node in range(1, len(clamped)):  # non-increasing down paths
                 clamped[node] = min(clamped[node] * factors[depths[node]], clamped[parents[node]])
-            return [torch.tensor(clamped, dtype=torch.float64)]
-        values = calibrated.copy()
-        if self.adapt:
-            factor = self.acceptance_correction.factor
-            for depth, (nodes, parents) in enumerate(forest.levels, start=1):  # parents' values are final
-                values[nodes] = np.minimum(values[nodes] * factor(depth), values[parents])  # non-increasing down paths
-        return forest.split(torch.from_numpy(values))
+            out.append(torch.tensor(clamped, dtype=torch.float64))
+        return out
 
     def _calibrated(self, forest: StepForest) -> np.ndarray:
         """[N] over all rows' nodes: the profile's calibrated P(on accepted path), as
@@ -96,19 +95,12 @@ class ProfiledController:
     def _calibrated_afresh(self, forest: StepForest) -> np.ndarray:
         if forest.rows == 1:
             return np.array(self._calibrated_row(forest[0]))
-        scores, first = forest.scores, forest.first_children
-        values = np.ones(forest.num_nodes)
-        for depth, (nodes, parents) in enumerate(forest.levels, start=1):  # path products, a level at a time
-            conditional_q = np.exp(scores[nodes] - scores[parents])
-            # a parent's first child is mapped apart from its later siblings (`AcceptanceCalibration`)
-            conditional = np.where(first[nodes], self.calibration.conditional_map(depth, True)(conditional_q),
-                                   self.calibration.conditional_map(depth)(conditional_q))
-            values[nodes] = conditional * values[parents]
-        return values
+        return np.array([value for tree in forest.trees for value in self._calibrated_row(tree)])
 
     def _calibrated_row(self, tree: DraftTree) -> list[float]:
-        """`_calibrated_afresh` of one tree in plain Python, node by node (parents come first): the
-        controller's common case, a few nodes, where each numpy call costs more than its arithmetic."""
+        """The calibrated P(on accepted path) of one tree's nodes in plain Python, node by node
+        (parents come first): a few nodes, where each numpy call costs more than its arithmetic.
+        A parent's first child is mapped apart from its later siblings (`AcceptanceCalibration`)."""
         scores, parents, depths = tree.scores.double().tolist(), tree.parents.tolist(), tree.depths.tolist()
         ranks = tree.sibling_ranks.tolist()
         maps = [(None, None)] + [(self.calibration.conditional_map(depth), self.calibration.conditional_map(depth, True))

@@ -104,19 +104,3 @@ def test_a_subtree_missing_a_parent_or_the_root_is_refused():
         tree.subtree([0, 2])
     with pytest.raises(ValueError, match="root"):
         tree.subtree([1, 2])
-
-
-@given(st.lists(trees(max_nodes=12), min_size=1, max_size=4))
-@settings(max_examples=40, deadline=None)
-def test_a_forests_levels_partition_its_drafted_nodes_by_depth(rows):
-    from moe_spec.core.forest import StepForest
-
-    forest = StepForest(rows)
-    levels = forest.levels
-    assert len(levels) == forest.max_depth
-    seen = []
-    for depth, (nodes, parents) in enumerate(levels, start=1):
-        assert (forest.depths[nodes] == depth).all()
-        assert (parents == forest.parents[nodes]).all()
-        seen += nodes.tolist()
-    assert sorted(seen) == [node for node in range(forest.num_nodes) if forest.depths[node] > 0]

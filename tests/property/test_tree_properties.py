@@ -112,7 +112,6 @@ def test_forest_layout_matches_its_trees(trees_):
         assert local[0] == -1 and (local[1:] - start).tolist() == tree.parents[1:].tolist()
         assert forest.depths[start:end].tolist() == tree.depths.tolist()
         assert (forest.row_of[start:end] == row).all()
-        assert forest.parent_or_self[start] == start
     assert forest.max_depth == max(int(t.depths.max()) for t in trees_)
     chunks = forest.split(torch.arange(forest.num_nodes))
     assert [c.tolist() for c in chunks] == [list(range(s, e)) for s, e in zip(forest.offsets[:-1], forest.offsets[1:])]
