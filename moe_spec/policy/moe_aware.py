@@ -18,7 +18,6 @@ from moe_spec.policy.chain_sizing import ChainAcceptance, best_chain_length
 from moe_spec.policy.draft_pricing import DepthPricer
 from moe_spec.policy.online_correction import DraftCostTracker, ThroughputTracker
 from moe_spec.policy.profiled import ProfiledController
-from moe_spec.policy.row_growth import ExpertSets
 from moe_spec.policy.selection import StepPrices, grow_forest
 from moe_spec.profile.cost_model import expected_unique_experts
 
@@ -145,7 +144,7 @@ class MoeAwareController(ProfiledController):
         probs = self._expert_probs(candidates) if routed and sets is None else None
         sizes = candidates.sizes.tolist()
         row_probs = probs.split(sizes, dim=1) if probs is not None else [None] * candidates.rows
-        row_sets = _split_sets(sets, sizes) if sets is not None else [None] * candidates.rows
+        row_sets = sets.split(sizes) if sets is not None else [None] * candidates.rows
         prices = [StepPrices(values, p, s) for values, p, s in zip(self.values_of(candidates), row_probs, row_sets)]  # p: [L, N_b, E]
         self.draft_costs.update(self._forwards_run(candidates), draft_ms)
         fixed_ms, depth_ms = self._draft_prices()
@@ -463,14 +462,6 @@ def _chain_trials(record: StepRecord) -> list[tuple[int, float]]:
         depths, ranks = tree.depths.tolist(), tree.sibling_ranks.tolist()
         out += [(depths[node], probability) for node, probability in acceptance.trials if ranks[node] == 0]
     return out
-
-
-def _split_sets(sets: ExpertSets, sizes: list[int]) -> list[ExpertSets]:
-    """A forest's flat `ExpertSets`, one per row of `sizes` nodes."""
-    if len(sizes) == 1:
-        return [sets]
-    bounds = np.cumsum([0] + sizes).tolist()
-    return [ExpertSets(sets.ids[start:end], sets.num_experts) for start, end in zip(bounds, bounds[1:])]
 
 
 def _cheapest_node_ms(growth, cost) -> float:

@@ -93,8 +93,6 @@ class ProfiledController:
         return values
 
     def _calibrated_afresh(self, forest: StepForest) -> np.ndarray:
-        if forest.rows == 1:
-            return np.array(self._calibrated_row(forest[0]))
         return np.array([value for tree in forest.trees for value in self._calibrated_row(tree)])
 
     def _calibrated_row(self, tree: DraftTree) -> list[float]:

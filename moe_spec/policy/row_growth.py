@@ -31,6 +31,13 @@ class ExpertSets(NamedTuple):
     ids: list[frozenset[int]]  # per node
     num_experts: int  # E: flat id x is expert x % E of layer x // E
 
+    def split(self, sizes: list[int]) -> list["ExpertSets"]:
+        """A forest's flat sets, one `ExpertSets` per row of `sizes` nodes."""
+        if len(sizes) == 1:
+            return [self]
+        bounds = np.cumsum([0] + sizes).tolist()
+        return [ExpertSets(self.ids[start:end], self.num_experts) for start, end in zip(bounds, bounds[1:])]
+
 
 def flat_expert_sets(expert_probs) -> ExpertSets | None:
     """[L, N, E] 0/1 predicted routing (torch or numpy) -> its `ExpertSets`; None when the routing
@@ -105,11 +112,11 @@ def grow_rows(values: list[float], parents: list[int], depths: list[int], row_of
     values_seen, verify_seen, draft_seen = [value], [verify], [draft]
     best_rate = rate = value / max(verify, 1e-9)
     best_size, stale = 0, 0
-    deepest_priced, deeper_at = -1, []  # deeper_at[d]: a node at depth d's draft price past `deepest`
+    max_depth, deepest_priced, deeper_at = max(depths), -1, []  # deeper_at[d]: a node at depth d's draft price past `deepest`
     while len(order) < limit and stale < patience and price:
         if deepest != deepest_priced:
             fixed = draft_fixed_ms if deepest == 0 else 0.0
-            deeper_at = [depth_ms * max(d - deepest, 0) + fixed for d in range(max(depths) + 1)]
+            deeper_at = [depth_ms * max(d - deepest, 0) + fixed for d in range(max_depth + 1)]
             deepest_priced = deepest
         pick, pick_ratio, pick_fills = -1, 0.0, False
         for node in sorted(price):  # ascending: ties go to the lower index, as numpy's argmax
