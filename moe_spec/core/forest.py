@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cached_property
+from itertools import accumulate
 
 import numpy as np
 import torch
@@ -63,8 +64,9 @@ class StepForest:
 
     @cached_property
     def num_nodes(self) -> int:
-        """Real nodes over all rows (padding excluded), roots included."""
-        return int(self.sizes.sum())
+        """Real nodes over all rows (padding excluded), roots included (summed in Python: read on
+        every step's critical path, where a numpy call on a cold cache costs more than the sum)."""
+        return sum(len(tree) for tree in self.trees)
 
     @cached_property
     def num_drafted(self) -> int:
@@ -73,7 +75,12 @@ class StepForest:
     @cached_property
     def offsets(self) -> np.ndarray:
         """[B + 1] flat index of each row's root; the last entry is `num_nodes`."""
-        return np.concatenate([[0], np.cumsum(self.sizes)])
+        return np.array(self.row_starts, dtype=np.int64)
+
+    @cached_property
+    def row_starts(self) -> tuple[int, ...]:
+        """`offsets` as a tuple (read in plain Python on every step's critical path)."""
+        return (0, *accumulate(len(tree) for tree in self.trees))
 
     @cached_property
     def parents(self) -> np.ndarray:
@@ -84,7 +91,7 @@ class StepForest:
     @cached_property
     def depths(self) -> np.ndarray:
         """[N] depth of each node."""
-        return np.concatenate([t.depths.numpy() for t in self.trees])
+        return np.array([depth for tree in self.trees for depth in tree.depth_list], dtype=np.int64)
 
     @cached_property
     def scores(self) -> np.ndarray:
@@ -94,7 +101,7 @@ class StepForest:
     @cached_property
     def tokens(self) -> torch.Tensor:
         """[N] long token ids."""
-        return torch.cat([t.tokens for t in self.trees])
+        return self.trees[0].tokens if self.rows == 1 else torch.cat([t.tokens for t in self.trees])
 
     @cached_property
     def row_of(self) -> np.ndarray:
@@ -103,7 +110,7 @@ class StepForest:
 
     @cached_property
     def max_depth(self) -> int:
-        return int(self.depths.max())
+        return max(tree.max_depth for tree in self.trees)
 
     def split(self, values):
         """Per-node values [N] (or [..., N, ...] along `dim=0` for numpy / torch) -> one chunk per row."""

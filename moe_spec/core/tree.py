@@ -96,12 +96,58 @@ class DraftTree:
         """[N] long: distance of each node from the root (computed once; the tree is immutable)."""
         cached = self.__dict__.get("_depths")
         if cached is None:
-            parents = self.parents.tolist()
-            values = [0] * len(parents)
-            for i in range(1, len(parents)):
-                values[i] = values[parents[i]] + 1
-            cached = torch.tensor(values, dtype=torch.long)
+            cached = torch.tensor(self.depth_list, dtype=torch.long)
             object.__setattr__(self, "_depths", cached)
+        return cached
+
+    # the structure as Python tuples, computed once: controllers walk a few dozen nodes a step in
+    # plain Python, where converting the tensors again on every read costs more than the walk
+
+    @property
+    def parent_list(self) -> tuple[int, ...]:
+        """`parents` as a tuple."""
+        cached = self.__dict__.get("_parent_list")
+        if cached is None:
+            cached = tuple(self.parents.tolist())
+            object.__setattr__(self, "_parent_list", cached)
+        return cached
+
+    @property
+    def depth_list(self) -> tuple[int, ...]:
+        """`depths` as a tuple."""
+        cached = self.__dict__.get("_depth_list")
+        if cached is None:
+            if "_depths" in self.__dict__:
+                cached = tuple(self.__dict__["_depths"].tolist())
+            else:
+                parents = self.parent_list
+                values = [0] * len(parents)
+                for i in range(1, len(parents)):
+                    values[i] = values[parents[i]] + 1
+                cached = tuple(values)
+            object.__setattr__(self, "_depth_list", cached)
+        return cached
+
+    @property
+    def max_depth(self) -> int:
+        """The deepest node's depth (0: the root alone)."""
+        return max(self.depth_list)
+
+    @property
+    def rank_list(self) -> tuple[int, ...]:
+        """`sibling_ranks` as a tuple."""
+        cached = self.__dict__.get("_rank_list")
+        if cached is None:
+            if self.sampled:
+                cached = tuple(self.draw_rank.tolist())
+            else:
+                parents, scores = self.parent_list, self.scores.tolist()
+                ranks, seen = [0] * len(parents), {}
+                for node in sorted(range(1, len(parents)), key=lambda n: (parents[n], -scores[n], n)):
+                    ranks[node] = seen.get(parents[node], 0)
+                    seen[parents[node]] = ranks[node] + 1
+                cached = tuple(ranks)
+            object.__setattr__(self, "_rank_list", cached)
         return cached
 
     @property
@@ -111,15 +157,7 @@ class DraftTree:
         order of proposing them; ties to the lower index). Computed once (the tree is immutable)."""
         cached = self.__dict__.get("_ranks")
         if cached is None:
-            if self.sampled:
-                cached = self.draw_rank
-            else:
-                parents, scores = self.parents.tolist(), self.scores.tolist()
-                ranks, seen = [0] * len(parents), {}
-                for node in sorted(range(1, len(parents)), key=lambda n: (parents[n], -scores[n], n)):
-                    ranks[node] = seen.get(parents[node], 0)
-                    seen[parents[node]] = ranks[node] + 1
-                cached = torch.tensor(ranks, dtype=torch.long)
+            cached = self.draw_rank if self.sampled else torch.tensor(self.rank_list, dtype=torch.long)
             object.__setattr__(self, "_ranks", cached)
         return cached
 
@@ -137,9 +175,9 @@ class DraftTree:
         if len(kept) == 1 and self.node_features is None:
             return DraftTree.root_only(int(self.tokens[0]))
         new_index = {old: new for new, old in enumerate(kept)}
-        old_parents = self.parents.tolist()
+        old_parents, old_depths = self.parent_list, self.depth_list
         try:
-            parents = [-1] + [new_index[old_parents[node]] for node in kept[1:]]
+            parents = (-1,) + tuple(new_index[old_parents[node]] for node in kept[1:])
         except KeyError:
             raise ValueError("a subtree must contain the parent of every kept node") from None
         index = torch.tensor(kept)
@@ -152,7 +190,8 @@ class DraftTree:
                   "proposals": self.proposals[index] if sampled else None,
                   "proposal_ids": self.proposal_ids if sampled else None,
                   "draw_rank": self.draw_rank[index] if sampled else None, "node_features": features,
-                  "_depths": self.depths[index]}  # depths within a closed subtree are unchanged
+                  "_parent_list": parents,
+                  "_depth_list": tuple(old_depths[node] for node in kept)}  # depths within a closed subtree are unchanged
         for name, value in fields.items():
             object.__setattr__(tree, name, value)
         return tree

@@ -142,7 +142,7 @@ class MoeAwareController(ProfiledController):
         # without fetches priced (the common case): the routing as id sets, no one-hot
         sets = self._expert_sets(candidates) if routed and not self._prices_fetches() else None
         probs = self._expert_probs(candidates) if routed and sets is None else None
-        sizes = candidates.sizes.tolist()
+        sizes = [len(tree) for tree in candidates.trees]
         row_probs = probs.split(sizes, dim=1) if probs is not None else [None] * candidates.rows
         row_sets = sets.split(sizes) if sets is not None else [None] * candidates.rows
         prices = [StepPrices(values, p, s) for values, p, s in zip(self.values_of(candidates), row_probs, row_sets)]  # p: [L, N_b, E]
@@ -168,13 +168,13 @@ class MoeAwareController(ProfiledController):
         if drawn(candidates):  # no cut of a sampled tree is exact: the choice sizes the next one only
             whole = exact and len(growth.order) == candidates.num_drafted  # the growth priced every node
             return self._planned(candidates, probs, calibrated,
-                                 self._unscaled(cost, float(growth.verify_ms[-1]), candidates.rows) if whole else None)
+                                 self._unscaled(cost, growth.verify_ms[-1], candidates.rows) if whole else None)
         size = growth.verified_size()
-        predicted = self._unscaled(cost, float(growth.verify_ms[size]), candidates.rows) if exact else None
+        predicted = self._unscaled(cost, growth.verify_ms[size], candidates.rows) if exact else None
         if size == candidates.num_drafted:  # every drafted node pays: nothing to cut
             return self._planned(candidates, probs, calibrated, predicted)
         keep = [sorted(nodes) for nodes in growth.rows_of(size)]  # in the subforest's node order (`DraftTree.subtree`)
-        flat = [int(candidates.offsets[row]) + node for row, nodes in enumerate(keep) for node in nodes]
+        flat = [candidates.row_starts[row] + node for row, nodes in enumerate(keep) for node in nodes]
         return self._planned(candidates.subforest(keep), probs[:, flat] if probs is not None else None, calibrated[flat],
                              predicted)
 
@@ -459,7 +459,7 @@ def _chain_trials(record: StepRecord) -> list[tuple[int, float]]:
     is conditional on its elder's rejection too)."""
     out = []
     for tree, acceptance in zip(record.verified, record.acceptances):
-        depths, ranks = tree.depths.tolist(), tree.sibling_ranks.tolist()
+        depths, ranks = tree.depth_list, tree.rank_list
         out += [(depths[node], probability) for node, probability in acceptance.trials if ranks[node] == 0]
     return out
 
@@ -467,5 +467,5 @@ def _chain_trials(record: StepRecord) -> list[tuple[int, float]]:
 def _cheapest_node_ms(growth, cost) -> float:
     """The least verify time any node added to the growth cost (its token and new experts; the
     per-token price when it added none): what `DepthPricer` charges a deeper node at least."""
-    added = np.diff(growth.verify_ms)
-    return float(added.min()) if len(added) else cost.per_token_ms
+    verify = growth.verify_ms
+    return min((b - a for a, b in zip(verify, verify[1:])), default=cost.per_token_ms)

@@ -139,7 +139,10 @@ class ThroughputTracker:
         plain = self.plain if self.plain is not None else plain_rate
         if len(self.recent) < self.min_speculative_steps or plain is None:
             return False
-        return self.speculative + self.confidence * self.standard_error() < self.margin * plain
+        speculative = self.speculative
+        if speculative >= self.margin * plain:  # the standard error (>= 0) cannot change the verdict
+            return False
+        return speculative + self.confidence * self.standard_error() < self.margin * plain
 
     def standard_error(self) -> float:
         """Standard error of the window's ratio of sums (the linearised ratio estimator): how far a
@@ -175,18 +178,32 @@ class DraftCostTracker:
             self.samples = (self.samples + [(depth, ms)])[-self.window:]
 
     def estimate(self, prior_slope: float | None = None) -> tuple[float, float]:
-        """(fixed_ms, per_depth_ms); (0, 0) before any measurement."""
+        """(fixed_ms, per_depth_ms); (0, 0) before any measurement. Computed once per window and
+        prior (a controller reads it more than once a step)."""
+        cached = self.__dict__.get("_estimate")  # (samples, prior, estimate): `update` replaces the list
+        if cached is not None and cached[0] is self.samples and cached[1] == prior_slope:
+            return cached[2]
+        out = self._fit(prior_slope)
+        self.__dict__["_estimate"] = (self.samples, prior_slope, out)
+        return out
+
+    def _fit(self, prior_slope: float | None) -> tuple[float, float]:
         if not self.samples:
             return 0.0, 0.0
-        depths = [d for d, _ in self.samples]
-        times = [ms for _, ms in self.samples]
-        average = sum(ms / d for d, ms in self.samples) / len(self.samples)
-        mean_d, mean_t = sum(depths) / len(depths), sum(times) / len(times)
-        spread = sum((d - mean_d) ** 2 for d in depths)
-        covariance = sum((d - mean_d) * (t - mean_t) for d, t in self.samples)
+        n = len(self.samples)
+        sum_d = sum_t = sum_rate = 0.0
+        for d, ms in self.samples:
+            sum_d += d
+            sum_t += ms
+            sum_rate += ms / d
+        average, mean_d, mean_t = sum_rate / n, sum_d / n, sum_t / n
+        spread = covariance = 0.0
+        for d, ms in self.samples:
+            spread += (d - mean_d) ** 2
+            covariance += (d - mean_d) * (ms - mean_t)
         if prior_slope is not None and prior_slope > 0:
             slope = (covariance + self.prior_weight * prior_slope) / (spread + self.prior_weight)
-        elif len(set(depths)) < 2:
+        elif spread == 0.0:  # one depth seen: the slope is not identified
             return 0.0, average
         else:
             slope = covariance / spread

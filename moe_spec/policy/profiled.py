@@ -73,8 +73,8 @@ class ProfiledController:
         factor = self.acceptance_correction.factor
         factors = [1.0] + [factor(depth) for depth in range(1, forest.max_depth + 1)]
         flat, out = calibrated.tolist(), []
-        for tree, start in zip(forest.trees, forest.offsets.tolist()):
-            parents, depths = tree.parents.tolist(), tree.depths.tolist()
+        for tree, start in zip(forest.trees, forest.row_starts):
+            parents, depths = tree.parent_list, tree.depth_list
             clamped = flat[start:start + len(parents)]
             for node in range(1, len(clamped)):  # non-increasing down paths
                 clamped[node] = min(clamped[node] * factors[depths[node]], clamped[parents[node]])
@@ -99,8 +99,7 @@ class ProfiledController:
         """The calibrated P(on accepted path) of one tree's nodes in plain Python, node by node
         (parents come first): a few nodes, where each numpy call costs more than its arithmetic.
         A parent's first child is mapped apart from its later siblings (`AcceptanceCalibration`)."""
-        scores, parents, depths = tree.scores.double().tolist(), tree.parents.tolist(), tree.depths.tolist()
-        ranks = tree.sibling_ranks.tolist()
+        scores, parents, depths, ranks = tree.scores.tolist(), tree.parent_list, tree.depth_list, tree.rank_list
         maps = [(None, None)] + [(self.calibration.conditional_map(depth), self.calibration.conditional_map(depth, True))
                                  for depth in range(1, max(depths) + 1)]  # (later siblings, first child) per depth
         values = [1.0] * len(scores)
@@ -134,7 +133,7 @@ class ProfiledController:
             values = self._calibrated(candidates if same else verified)
         if verified.rows == 1:  # one tree, a few nodes: the same sums in plain Python
             tree = verified[0]
-            depths = tree.depths.tolist()
+            depths = tree.depth_list
             predicted, observed = [0.0] * (max(depths) + 1), [0] * (max(depths) + 1)
             for depth, value in zip(depths, values.tolist()):
                 predicted[depth] += value

@@ -177,16 +177,16 @@ class ForestGrowth:
 
     forest: StepForest
     order: list[int]  # forest node indices, in the order growth added them
-    value: np.ndarray  # [K + 1] expected tokens of the first k added nodes (every row's bonus token included)
-    verify_ms: np.ndarray  # [K + 1] predicted verify time of those sets
-    draft_ms: np.ndarray  # [K + 1] the draft time their depth needs
+    # Python floats, not arrays: read a few at a time on every step's critical path
+    value: tuple[float, ...]  # [K + 1] expected tokens of the first k added nodes (every row's bonus token included)
+    verify_ms: tuple[float, ...]  # [K + 1] predicted verify time of those sets
+    draft_ms: tuple[float, ...]  # [K + 1] the draft time their depth needs
     best_size: int  # nodes of the set of best (B + V) / (d + t): what drafting *and* verifying should aim at
 
     @property
     def best_rate(self) -> float:
         """Expected tokens per ms of the best set, its drafting priced."""
-        return throughput(float(self.value[self.best_size]), float(self.draft_ms[self.best_size]),
-                          float(self.verify_ms[self.best_size]))
+        return throughput(self.value[self.best_size], self.draft_ms[self.best_size], self.verify_ms[self.best_size])
 
     def sized_shape(self) -> tuple[int, int]:
         """(most nodes in one row, deepest depth) of the best set: what the next draft is sized
@@ -194,7 +194,7 @@ class ForestGrowth:
         if not self.best_size:
             return 0, 0
         if self.forest.rows == 1:  # one row: its chosen nodes, as deep as the deepest
-            depths = self.forest[0].depths.tolist()
+            depths = self.forest[0].depth_list
             return self.best_size, max(depths[node] for node in self.order[:self.best_size])
         chosen = np.asarray(self.order[:self.best_size], dtype=np.int64)
         return int(np.bincount(self.forest.row_of[chosen]).max()), int(self.forest.depths[chosen].max())
@@ -216,8 +216,9 @@ class ForestGrowth:
     def verified_size(self, rate: float | None = None) -> int:
         """How many nodes of the growth order `verified_when_drafted` keeps."""
         rate = self.best_rate if rate is None else rate
-        size = int(np.argmax(self.value - rate * self.verify_ms))  # first maximum: the smaller set
-        return max(size, self.best_size)
+        # in plain Python (a few dozen entries, on every step's critical path); the first maximum: the smaller set
+        gains = [value - rate * verify for value, verify in zip(self.value, self.verify_ms)]
+        return max(gains.index(max(gains)), self.best_size)
 
     def rows_of(self, size: int) -> list[list[int]]:
         """Each row's nodes (root first) of the first `size` nodes of the growth order."""
@@ -306,7 +307,7 @@ def grow_forest(
         history.append((grown.value, grown.verify_ms, grown.draft_ms))
         if grown.rate() > best_rate:
             best_rate, best_size, stale = grown.rate(), len(chosen), 0
-    value, verify_ms, draft_ms = (np.array(column) for column in zip(*history))
+    value, verify_ms, draft_ms = (tuple(float(x) for x in column) for column in zip(*history))
     return ForestGrowth(forest, chosen, value, verify_ms, draft_ms, best_size)
 
 
@@ -324,10 +325,11 @@ def _grow_sets(forest: StepForest, prices: list[StepPrices], cost: CostModel, de
         if any(row is None for row in per_row) or len({row.num_experts for row in per_row}) > 1:
             return None
         sets = per_row[0].ids if len(per_row) == 1 else [ids for row in per_row for ids in row.ids]
-    expert_ms = cost.expert_weights().tolist() if priced else []
+    per_expert = list(cost.per_expert_ms)  # [L] ms per new expert of each layer (one value: shared by all)
+    expert_ms = (per_expert * cost.num_layers if len(per_expert) == 1 else per_expert) if priced else []
     if forest.rows == 1:  # its flat indices are the tree's own
         tree = forest[0]
-        values, parents, depths, row_of = prices[0].values.tolist(), tree.parents.tolist(), tree.depths.tolist(), [0] * len(tree)
+        values, parents, depths, row_of = prices[0].values.tolist(), tree.parent_list, tree.depth_list, [0] * len(tree)
     else:
         values = np.concatenate([p.values.double().numpy() for p in prices]).tolist()
         parents, depths, row_of = forest.parents.tolist(), forest.depths.tolist(), forest.row_of.tolist()
@@ -335,7 +337,7 @@ def _grow_sets(forest: StepForest, prices: list[StepPrices], cost: CostModel, de
         values, parents, depths, row_of, forest.rows, sets,
         expert_ms, per_row[0].num_experts if priced else 0,
         cost.per_token_ms, cost.fixed_ms(forest.rows), depth_ms, draft_fixed_ms, limit, patience)
-    return ForestGrowth(forest, order, np.array(value), np.array(verify_ms), np.array(draft_ms), best_size)
+    return ForestGrowth(forest, order, tuple(value), tuple(verify_ms), tuple(draft_ms), best_size)
 
 
 class _DeeperPrices:

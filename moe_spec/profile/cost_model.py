@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -79,8 +79,10 @@ class CostModel:
         then `row_ms` added to the per-row term; the fetch cost, measured on the tier itself,
         unchanged. A negative `row_ms` (per-row work the profile overestimated) is applied as given;
         `fixed_ms` keeps the fixed part of a pass >= 0."""
-        return replace(self, base_ms=self.base_ms * factor, per_token_ms=self.per_token_ms * factor,
-                       per_row_ms=self.per_row_ms * factor + row_ms, per_expert_ms=tuple(v * factor for v in self.per_expert_ms))
+        # built directly, not by `dataclasses.replace` (rebuilt whenever the online scale moves, on
+        # the controller's critical path)
+        return CostModel(self.base_ms * factor, self.per_token_ms * factor, tuple(v * factor for v in self.per_expert_ms),
+                         self.num_layers, self.source, self.per_row_ms * factor + row_ms, self.fetch)
 
     def fixed_ms(self, rows: int = 1) -> float:
         """The part of a pass of `rows` rows that depends on neither tokens nor experts."""

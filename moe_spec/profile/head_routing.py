@@ -23,6 +23,7 @@ The root has no computed parent output (its features are zeros): roots are price
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import Enum
@@ -114,7 +115,7 @@ class HeadRoutingPredictor:
         ids = tokens.tolist()  # a few dozen: Python's min and max cost less than two torch reductions
         if ids and (min(ids) < 0 or max(ids) >= self.vocab_size):
             raise ValueError(f"tokens must be ids in 0..{self.vocab_size - 1}")
-        return features.detach().cpu().float(), tokens
+        return (features.detach() if features.requires_grad else features).cpu().float(), tokens
 
     def _token_terms(self, table: TokenExpertTable | None) -> torch.Tensor:
         """[V, L*E] what the logits owe to the token alone: bias + its vector's term + the blended
@@ -157,12 +158,16 @@ class HeadRoutingPredictor:
         ids = tokens.numpy()
         projection, weight, terms = self._numpy_weights(table)
         h = features.numpy()
-        # rms(h) A = (h A) / rms(h): the norm applied to the [N, R_h] projection (the fewest numpy
-        # calls, each costing more than its arithmetic right after the target's forward)
-        inverse_rms = 1.0 / np.sqrt(np.einsum("nd,nd->n", h, h) / self.hidden_size + _RMS_EPS)  # [N]
-        context = (h @ projection) * inverse_rms.astype(np.float32)[:, None]  # [N, R_h]
-        logits = (terms[ids] + context @ weight).reshape(len(ids), self.num_layers, self.num_experts)  # [N, L, E]
-        top = np.argpartition(logits, -self.top_k, axis=-1)[..., -self.top_k:]  # [N, L, K]
+        # rms(h) A = (h A) / rms(h): the norm applied to the [N, R_h] projection, its N scalars in
+        # Python (the fewest numpy calls, each costing more than its arithmetic right after the
+        # target's forward)
+        squares = np.einsum("nd,nd->n", h, h).tolist()  # [N]
+        context = h @ projection  # [N, R_h]
+        context *= np.array([[1.0 / math.sqrt(s / self.hidden_size + _RMS_EPS)] for s in squares], dtype=np.float32)
+        logits = terms[ids]  # [N, L*E], a copy
+        logits += context @ weight
+        top = np.argpartition(logits.reshape(len(ids), self.num_layers, self.num_experts), -self.top_k,
+                              axis=-1)[..., -self.top_k:]  # [N, L, K]
         flat = (top + self._layer_offsets).reshape(len(ids), -1)  # [N, L*K]
         roots = [node for node, depth in enumerate(np.asarray(depths).tolist()) if depth == 0]
         if roots:
@@ -172,10 +177,10 @@ class HeadRoutingPredictor:
     def _numpy_weights(self, table: TokenExpertTable | None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(A [D, R_h], W [R_h, L*E], token terms [V, L*E]) as numpy arrays sharing the tensors' memory
         (kept while the token terms are)."""
-        terms = self._token_terms(table)
-        cached = self.__dict__.get("_numpy")
-        if cached is None or cached[0] is not terms:
-            cached = (terms, (self.context_projection.numpy(), self.context_weight.numpy(), terms.numpy()))
+        cached = self.__dict__.get("_numpy")  # (table, arrays): the token terms depend on the table only
+        if cached is None or cached[0] is not table:
+            terms = self._token_terms(table)
+            cached = (table, (self.context_projection.numpy(), self.context_weight.numpy(), terms.numpy()))
             self.__dict__["_numpy"] = cached
         return cached[1]
 
