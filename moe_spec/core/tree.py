@@ -143,9 +143,9 @@ class DraftTree:
             else:
                 parents, scores = self.parent_list, self.scores.tolist()
                 ranks, seen = [0] * len(parents), {}
-                for node in sorted(range(1, len(parents)), key=lambda n: (parents[n], -scores[n], n)):
-                    ranks[node] = seen.get(parents[node], 0)
-                    seen[parents[node]] = ranks[node] + 1
+                for parent, _, node in sorted(zip(parents[1:], [-score for score in scores[1:]], range(1, len(parents)))):
+                    ranks[node] = seen.get(parent, 0)
+                    seen[parent] = ranks[node] + 1
                 cached = tuple(ranks)
             object.__setattr__(self, "_rank_list", cached)
         return cached

@@ -37,7 +37,7 @@ class _VerifyPlan:
     nodes: int  # real nodes verified, roots included
     rows: int
     probs: object  # [L, N, E] torch predicted routing of the verified nodes, or None (dense or not priced)
-    calibrated: object  # [N] numpy calibrated P(on accepted path) of the verified nodes
+    calibrated: tuple[float, ...] | None  # [N] calibrated P(on accepted path) of the verified nodes
     predicted_ms: float | None  # the pass's compute time under the profile's prices, None: not known
 
 
@@ -145,7 +145,7 @@ class MoeAwareController(ProfiledController):
         sizes = [len(tree) for tree in candidates.trees]
         row_probs = probs.split(sizes, dim=1) if probs is not None else [None] * candidates.rows
         row_sets = sets.split(sizes) if sets is not None else [None] * candidates.rows
-        prices = [StepPrices(values, p, s) for values, p, s in zip(self.values_of(candidates), row_probs, row_sets)]  # p: [L, N_b, E]
+        prices = [StepPrices(values, p, s) for values, p, s in zip(self._value_rows(candidates), row_probs, row_sets)]  # p: [L, N_b, E]
         self.draft_costs.update(self._forwards_run(candidates), draft_ms)
         fixed_ms, depth_ms = self._draft_prices()
         residency = self.residency() if probs is not None and self._prices_fetches() else None  # [L, E] bool, exact now
@@ -175,8 +175,8 @@ class MoeAwareController(ProfiledController):
             return self._planned(candidates, probs, calibrated, predicted)
         keep = [sorted(nodes) for nodes in growth.rows_of(size)]  # in the subforest's node order (`DraftTree.subtree`)
         flat = [candidates.row_starts[row] + node for row, nodes in enumerate(keep) for node in nodes]
-        return self._planned(candidates.subforest(keep), probs[:, flat] if probs is not None else None, calibrated[flat],
-                             predicted)
+        return self._planned(candidates.subforest(keep), probs[:, flat] if probs is not None else None,
+                             tuple(calibrated[node] for node in flat), predicted)
 
     def _planned(self, verify: StepForest, probs, calibrated, predicted_ms: float | None = None) -> StepPlan:
         """The plan, remembering for `observe` what it knew of the verified nodes: their predicted

@@ -8,6 +8,7 @@ comparing them isolates what expert pricing and global best-first selection add.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import numpy as np
 import torch
@@ -64,24 +65,28 @@ class ProfiledController:
         return self.values_of(StepForest((tree,)))[0]
 
     def values_of(self, forest: StepForest) -> list[torch.Tensor]:
-        """`values` of every row's tree (each tree's [N_b]), in plain Python node by node (parents
-        come first): a few dozen nodes a step, where each numpy call costs more than its arithmetic."""
-        forest = StepForest.of(forest)
+        """`values` of every row's tree (each tree's [N_b] float64)."""
+        return [torch.tensor(row, dtype=torch.float64) for row in self._value_rows(StepForest.of(forest))]
+
+    def _value_rows(self, forest: StepForest) -> list[list[float]]:
+        """`values_of` as Python floats, in plain Python node by node (parents come first): a few
+        dozen nodes a step, where each numpy or torch call costs more than its arithmetic."""
         calibrated = self._calibrated(forest)  # roots 1; kept as computed for `observe`
+        starts = forest.row_starts
         if not self.adapt:
-            return forest.split(torch.from_numpy(calibrated.copy()))
+            return [list(calibrated[start:end]) for start, end in zip(starts, starts[1:])]
         factor = self.acceptance_correction.factor
         factors = [1.0] + [factor(depth) for depth in range(1, forest.max_depth + 1)]
-        flat, out = calibrated.tolist(), []
-        for tree, start in zip(forest.trees, forest.row_starts):
+        out = []
+        for tree, start in zip(forest.trees, starts):
             parents, depths = tree.parent_list, tree.depth_list
-            clamped = flat[start:start + len(parents)]
+            clamped = list(calibrated[start:start + len(parents)])
             for node in range(1, len(clamped)):  # non-increasing down paths
                 clamped[node] = min(clamped[node] * factors[depths[node]], clamped[parents[node]])
-            out.append(torch.tensor(clamped, dtype=torch.float64))
+            out.append(clamped)
         return out
 
-    def _calibrated(self, forest: StepForest) -> np.ndarray:
+    def _calibrated(self, forest: StepForest) -> tuple[float, ...]:
         """[N] over all rows' nodes: the profile's calibrated P(on accepted path), as
         `AcceptanceCalibration.path_probability` computes it for one tree. The last forest's values
         are kept (`_last_calibrated`): a step's plan and its observe read the same candidates."""
@@ -92,8 +97,8 @@ class ProfiledController:
         self._last_calibrated = (forest, values)
         return values
 
-    def _calibrated_afresh(self, forest: StepForest) -> np.ndarray:
-        return np.array([value for tree in forest.trees for value in self._calibrated_row(tree)])
+    def _calibrated_afresh(self, forest: StepForest) -> tuple[float, ...]:
+        return tuple(value for tree in forest.trees for value in self._calibrated_row(tree))
 
     def _calibrated_row(self, tree: DraftTree) -> list[float]:
         """The calibrated P(on accepted path) of one tree's nodes in plain Python, node by node
@@ -118,7 +123,7 @@ class ProfiledController:
             self._scaled = (key, base.scaled(self.cost_correction.scale, self.cost_correction.row_ms))
         return self._scaled[1]
 
-    def _learn_acceptance(self, record: StepRecord, values: np.ndarray | None = None) -> None:
+    def _learn_acceptance(self, record: StepRecord, values: Sequence[float] | None = None) -> None:
         """Per depth, the verified nodes' calibrated values against the accepted paths' nodes.
         `values` [N]: the calibrated values of `record.verified`'s nodes when the caller knows them
         (the plan computed them on the candidates); else the candidates' values when nothing was
@@ -135,7 +140,7 @@ class ProfiledController:
             tree = verified[0]
             depths = tree.depth_list
             predicted, observed = [0.0] * (max(depths) + 1), [0] * (max(depths) + 1)
-            for depth, value in zip(depths, values.tolist()):
+            for depth, value in zip(depths, values):
                 predicted[depth] += value
             for node in record.acceptances[0].path:
                 observed[depths[node]] += 1
@@ -145,7 +150,7 @@ class ProfiledController:
         depths = verified.depths
         on_path = np.concatenate([verified.offsets[b] + np.asarray(a.path) for b, a in enumerate(record.acceptances)])
         bins = verified.max_depth + 1
-        predicted = np.bincount(depths, weights=values, minlength=bins)  # [D + 1] expected path nodes per depth
+        predicted = np.bincount(depths, weights=np.asarray(values, dtype=np.float64), minlength=bins)  # [D + 1] expected path nodes per depth
         observed = np.bincount(depths[on_path], minlength=bins)  # [D + 1] accepted path nodes per depth
         for depth in range(1, bins):
             self.acceptance_correction.update(depth, float(predicted[depth]), float(observed[depth]))
@@ -189,13 +194,17 @@ class ProfiledController:
         if not cost.num_layers:
             return None
         features = _node_features(forest) if self.wants_node_features else None
-        if features is not None:
-            ids = self.profile.head_routing.predictor.predict_flat_ids(features, forest.tokens, forest.depths, table)
+        tokens = forest.tokens.tolist()
+        if features is not None:  # drafted nodes by the head's predictor, every row's root by the table
+            ids = self.profile.head_routing.predictor.predict_drafted_ids(features, forest.tokens, table)  # [N, L*K]
+            sets = [frozenset(row) for row in ids.tolist()]
+            for root in forest.row_starts[:-1]:
+                sets[root] = table.flat_id_set(tokens[root])
         elif self.profile.expert_pricing is ExpertPricing.TOPK:
-            ids = table.flat_ids_by_token[forest.tokens.numpy()]  # [N, L*K]
+            sets = [table.flat_id_set(token) for token in tokens]
         else:
             return None
-        return ExpertSets([frozenset(row) for row in ids.tolist()], table.num_experts)
+        return ExpertSets(sets, table.num_experts)
 
 
 def _node_features(forest: StepForest) -> torch.Tensor | None:

@@ -119,7 +119,7 @@ def grow_rows(values: list[float], parents: list[int], depths: list[int], row_of
             deeper_at = [depth_ms * max(d - deepest, 0) + fixed for d in range(max_depth + 1)]
             deepest_priced = deepest
         pick, pick_ratio, pick_fills = -1, 0.0, False
-        for node in sorted(price):  # ascending: ties go to the lower index, as numpy's argmax
+        for node in price:
             deeper = deeper_at[depths[node]]
             if sizes[row_of[node]] < width:  # fills a slot the pass computes anyway
                 marginal = price[node] + deeper
@@ -130,7 +130,7 @@ def grow_rows(values: list[float], parents: list[int], depths: list[int], row_of
                 marginal = price[node] + widen_ms + deeper
                 fills = False
             ratio = values[node] / (marginal if marginal > 1e-9 else 1e-9)
-            if pick < 0 or ratio > pick_ratio:
+            if pick < 0 or ratio > pick_ratio or (ratio == pick_ratio and node < pick):  # ties: the lower index, as numpy's argmax
                 pick, pick_ratio, pick_fills = node, ratio, fills
         if pick < 0:
             break

@@ -42,6 +42,7 @@ whose experts are all resident is nearly free, one that touches cold experts pay
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -57,7 +58,7 @@ from moe_spec.policy.row_growth import ExpertSets, flat_expert_sets, grow_rows
 class StepPrices:
     """What the controller knows about one candidate tree."""
 
-    values: torch.Tensor  # [N] float: calibrated P(node on the accepted path); root's entry is ignored
+    values: torch.Tensor | Sequence[float]  # [N]: calibrated P(node on the accepted path); root's entry is ignored
     expert_probs: torch.Tensor | None  # [L, N, E] predicted routing probabilities; None: dense or not priced
     # the same routing as flat id sets (0/1 routing of one row), standing in for expert_probs where
     # only the growth in plain Python reads it (`row_growth`); None: derived from expert_probs when needed
@@ -67,6 +68,12 @@ class StepPrices:
     def priced(self) -> bool:
         """The nodes' experts are priced."""
         return self.expert_probs is not None or self.expert_sets is not None
+
+
+def _value_list(prices: StepPrices) -> list[float]:
+    """A tree's `values` as Python floats."""
+    values = prices.values
+    return values.tolist() if isinstance(values, (torch.Tensor, np.ndarray)) else list(values)
 
 
 def throughput(value: float, draft_ms: float, verify_ms: float) -> float:
@@ -89,7 +96,8 @@ def subset_verify_ms(cost: CostModel, keep: list[int], expert_probs: torch.Tenso
 
 def subset_objective(cost: CostModel, tree: DraftTree, prices: StepPrices, keep: list[int], depth_ms: float = 0.0) -> float:
     """Throughput of verifying `keep` of one tree, drafted to the depth it reaches."""
-    value = 1.0 + float(prices.values[[k for k in keep if k != 0]].sum()) if len(keep) > 1 else 1.0
+    values = _value_list(prices)
+    value = 1.0 + sum(values[k] for k in keep if k != 0)
     draft_ms = depth_ms * int(tree.depths[keep].max())
     return throughput(value, draft_ms, subset_verify_ms(cost, keep, prices.expert_probs))
 
@@ -265,7 +273,7 @@ def grow_forest(
     if any(p.expert_probs is None and p.expert_sets is not None for p in prices):
         raise ValueError("expert_sets stand in for expert_probs in growth without residency only; "
                          "pass expert_probs with residency")
-    values = np.concatenate([p.values.double().numpy() for p in prices])  # [N]
+    values = np.array([value for p in prices for value in _value_list(p)])  # [N] float64
     depths, parents, row_of = forest.depths, forest.parents, forest.row_of
     priced = cost.num_layers > 0 and all(p.expert_probs is not None for p in prices)
     experts = _ExpertPrices(forest, prices, cost, residency) if priced else None
@@ -329,9 +337,9 @@ def _grow_sets(forest: StepForest, prices: list[StepPrices], cost: CostModel, de
     expert_ms = (per_expert * cost.num_layers if len(per_expert) == 1 else per_expert) if priced else []
     if forest.rows == 1:  # its flat indices are the tree's own
         tree = forest[0]
-        values, parents, depths, row_of = prices[0].values.tolist(), tree.parent_list, tree.depth_list, [0] * len(tree)
+        values, parents, depths, row_of = _value_list(prices[0]), tree.parent_list, tree.depth_list, [0] * len(tree)
     else:
-        values = np.concatenate([p.values.double().numpy() for p in prices]).tolist()
+        values = [value for p in prices for value in _value_list(p)]
         parents, depths, row_of = forest.parents.tolist(), forest.depths.tolist(), forest.row_of.tolist()
     order, value, verify_ms, draft_ms, best_size = grow_rows(
         values, parents, depths, row_of, forest.rows, sets,

@@ -104,6 +104,17 @@ class TokenExpertTable:
         expert) ids (the sets `onehot_by_token` marks; a view)."""
         return self._flat_ids
 
+    def flat_id_set(self, token: int) -> frozenset[int]:
+        """A token id's row of `flat_ids_by_token` as a set, computed once per id (what a controller
+        pricing 0/1 sets in plain Python reads for every row's root, every step)."""
+        sets = self.__dict__.setdefault("_flat_id_sets", {})
+        cached = sets.get(token)
+        if cached is None:
+            if not 0 <= token < self.vocab_size:
+                raise ValueError(f"token must be an id in 0..{self.vocab_size - 1}, got {token}")
+            cached = sets[token] = frozenset(self._flat_ids[token].tolist())
+        return cached
+
     def predict_onehot_tokens(self, tokens: torch.Tensor) -> torch.Tensor:
         """tokens: [N] long -> [L, N, E] 0/1, as `predict_onehot`."""
         return self._onehot[tokens.cpu().long()].permute(1, 0, 2).contiguous()

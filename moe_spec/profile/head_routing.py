@@ -152,8 +152,19 @@ class HeadRoutingPredictor:
     def predict_flat_ids(self, features: torch.Tensor, tokens: torch.Tensor, depths, table: TokenExpertTable) -> np.ndarray:
         """[N, L*K] int64: each node's K predicted experts per layer (the K largest logits; roots, at
         depth 0 with no parent output, the table's top-K) as flat (layer * E + expert) ids, layer by
-        layer. Computed in numpy (the controller calls it every step on a few dozen nodes, where
-        each torch op's dispatch costs more than its arithmetic); `logits` is the same map."""
+        layer (`predict_drafted_ids`, roots overridden)."""
+        flat = self.predict_drafted_ids(features, tokens, table)
+        roots = [node for node, depth in enumerate(np.asarray(depths).tolist()) if depth == 0]
+        if roots:
+            flat[roots] = table.flat_ids_by_token[tokens.cpu().numpy()[roots]]
+        return flat
+
+    def predict_drafted_ids(self, features: torch.Tensor, tokens: torch.Tensor, table: TokenExpertTable | None) -> np.ndarray:
+        """[N, L*K] int64: each node's K largest logits per layer as flat (layer * E + expert) ids,
+        every node read as a drafted one (a root's row, whose features are zeros, means nothing:
+        `predict_flat_ids` prices roots by the table). Computed in numpy (the controller calls it
+        every step on a few dozen nodes, where each torch op's dispatch costs more than its
+        arithmetic); `logits` is the same map."""
         features, tokens = self._checked(features, tokens)
         ids = tokens.numpy()
         projection, weight, terms = self._numpy_weights(table)
@@ -161,18 +172,14 @@ class HeadRoutingPredictor:
         # rms(h) A = (h A) / rms(h): the norm applied to the [N, R_h] projection, its N scalars in
         # Python (the fewest numpy calls, each costing more than its arithmetic right after the
         # target's forward)
-        squares = np.einsum("nd,nd->n", h, h).tolist()  # [N]
+        squares = np.vecdot(h, h).tolist()  # [N]
         context = h @ projection  # [N, R_h]
         context *= np.array([[1.0 / math.sqrt(s / self.hidden_size + _RMS_EPS)] for s in squares], dtype=np.float32)
         logits = terms[ids]  # [N, L*E], a copy
         logits += context @ weight
         top = np.argpartition(logits.reshape(len(ids), self.num_layers, self.num_experts), -self.top_k,
                               axis=-1)[..., -self.top_k:]  # [N, L, K]
-        flat = (top + self._layer_offsets).reshape(len(ids), -1)  # [N, L*K]
-        roots = [node for node, depth in enumerate(np.asarray(depths).tolist()) if depth == 0]
-        if roots:
-            flat[roots] = table.flat_ids_by_token[ids[roots]]
-        return flat
+        return (top + self._layer_offsets).reshape(len(ids), -1)  # [N, L*K]
 
     def _numpy_weights(self, table: TokenExpertTable | None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(A [D, R_h], W [R_h, L*E], token terms [V, L*E]) as numpy arrays sharing the tensors' memory
