@@ -18,7 +18,7 @@ from itertools import accumulate
 import numpy as np
 import torch
 
-from moe_spec.core.tree import DraftTree
+from moe_spec.core.tree import DraftTree, subtrees
 
 
 @dataclass(frozen=True)
@@ -130,4 +130,4 @@ class StepForest:
 
     def subforest(self, keeps: Sequence[Sequence[int]]) -> "StepForest":
         """Each row's tree restricted to its `keeps[b]` (root included, closed under parents)."""
-        return StepForest(tuple(tree.subtree(keep) for tree, keep in zip(self.trees, keeps)))
+        return StepForest(tuple(subtrees(self.trees, keeps)))

@@ -20,6 +20,7 @@ predictor guesses the node's routing (`moe_spec.profile.head_routing`). The root
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -166,35 +167,73 @@ class DraftTree:
 
     def subtree(self, keep: torch.Tensor | list[int]) -> "DraftTree":
         """The tree restricted to `keep` (node indices; must contain the root and be closed under parents)."""
-        # lists, not tensor ops: this runs on every step's critical path, over a few dozen nodes
+        return subtrees((self,), (keep,))[0]
+
+
+def subtrees(trees: Sequence[DraftTree], keeps: Sequence[torch.Tensor | Sequence[int]]) -> list[DraftTree]:
+    """Each tree restricted to its `keeps[b]` (`DraftTree.subtree`), the cut trees' tensors gathered
+    together: one indexing op per field for a batch's rows instead of one per row (lists, not
+    tensor ops, for the rest: this runs on every step's critical path, over a few dozen nodes a row)."""
+    out = list(trees)
+    cuts: list[tuple[int, list[int], tuple[int, ...]]] = []  # (row, kept nodes, their parents renumbered)
+    for row, (tree, keep) in enumerate(zip(trees, keeps)):
         kept = sorted(set(keep.tolist() if isinstance(keep, torch.Tensor) else (int(k) for k in keep)))
         if not kept or kept[0] != 0:
             raise ValueError("a subtree must contain the root")
-        if len(kept) == len(self) and kept[-1] == len(self) - 1:  # every node
-            return self
-        if len(kept) == 1 and self.node_features is None:
-            return DraftTree.root_only(int(self.tokens[0]))
+        if len(kept) == len(tree) and kept[-1] == len(tree) - 1:  # every node
+            continue
+        if len(kept) == 1 and tree.node_features is None:
+            out[row] = DraftTree.root_only(int(tree.tokens[0]))
+            continue
         new_index = {old: new for new, old in enumerate(kept)}
-        old_parents, old_depths = self.parent_list, self.depth_list
+        old_parents = tree.parent_list
         try:
             parents = (-1,) + tuple(new_index[old_parents[node]] for node in kept[1:])
         except KeyError:
             raise ValueError("a subtree must contain the parent of every kept node") from None
-        index = torch.tensor(kept)
-        features = self.node_features[index] if self.node_features is not None else None
-        sampled = self.sampled
+        cuts.append((row, kept, parents))
+    if not cuts:
+        return out
+    cut_trees = [trees[row] for row, _, _ in cuts]
+    sizes = [len(kept) for _, kept, _ in cuts]
+    flat, start = [], 0  # the kept nodes' indices into the cut trees side by side
+    for tree, (_, kept, _) in zip(cut_trees, cuts):
+        flat += [start + node for node in kept]
+        start += len(tree)
+    index = torch.tensor(flat)
+
+    def gathered(parts: list[torch.Tensor]) -> list[torch.Tensor]:
+        """Each cut tree's kept rows of one field (its tensors `parts`, one per cut tree)."""
+        if len(parts) == 1:
+            return [parts[0][index]]
+        return list(torch.cat(parts)[index].split(sizes))
+
+    tokens, scores = gathered([t.tokens for t in cut_trees]), gathered([t.scores for t in cut_trees])
+    carried = [t.node_features is not None for t in cut_trees]
+    if all(carried) and len({t.node_features.shape[1] for t in cut_trees}) == 1:
+        features = gathered([t.node_features for t in cut_trees])
+    else:  # some rows carry none (or of another width): row by row
+        features = [t.node_features[torch.tensor(kept)] if t.node_features is not None else None
+                    for t, (_, kept, _) in zip(cut_trees, cuts)]
+    parents_all = [parent for _, _, parents in cuts for parent in parents]
+    parents = list(torch.tensor(parents_all).split(sizes)) if len(cuts) > 1 else [torch.tensor(parents_all)]
+    for i, (tree, (row, kept, parent_list)) in enumerate(zip(cut_trees, cuts)):
+        sampled = tree.sampled
+        rows = torch.tensor(kept) if sampled else None
         # a subtree closed under parents (checked above) of a valid tree is valid, its nodes still in
         # topological order: built without `__post_init__`'s checks (torch calls on every step's critical path)
-        tree = object.__new__(DraftTree)
-        fields = {"tokens": self.tokens[index], "parents": torch.tensor(parents), "scores": self.scores[index],
-                  "proposals": self.proposals[index] if sampled else None,
-                  "proposal_ids": self.proposal_ids if sampled else None,
-                  "draw_rank": self.draw_rank[index] if sampled else None, "node_features": features,
-                  "_parent_list": parents,
+        sub = object.__new__(DraftTree)
+        old_depths = tree.depth_list
+        fields = {"tokens": tokens[i], "parents": parents[i], "scores": scores[i],
+                  "proposals": tree.proposals[rows] if sampled else None,
+                  "proposal_ids": tree.proposal_ids if sampled else None,
+                  "draw_rank": tree.draw_rank[rows] if sampled else None, "node_features": features[i],
+                  "_parent_list": parent_list,
                   "_depth_list": tuple(old_depths[node] for node in kept)}  # depths within a closed subtree are unchanged
         for name, value in fields.items():
-            object.__setattr__(tree, name, value)
-        return tree
+            object.__setattr__(sub, name, value)
+        out[row] = sub
+    return out
 
 
 def ancestor_mask(tree: DraftTree) -> torch.Tensor:

@@ -183,7 +183,7 @@ class ProfiledController:
         return predictor.predict_onehot(features, forest.tokens, torch.from_numpy(forest.depths), self.profile.expert_table)
 
     def _expert_sets(self, forest: StepForest) -> ExpertSets | None:
-        """The routing `_expert_probs` predicts, as flat (layer * E + expert) id sets, when the
+        """The routing `_expert_probs` predicts, as flat (layer * E + expert) id masks, when the
         profile prices 0/1 top-K sets (the growth in plain Python reads these; no one-hot is built); None
         for a dense target or probability pricing. Where routing comes from is overridden in
         `_expert_probs`: an override there is read through `flat_expert_sets` here."""
@@ -196,15 +196,14 @@ class ProfiledController:
         features = _node_features(forest) if self.wants_node_features else None
         tokens = forest.tokens.tolist()
         if features is not None:  # drafted nodes by the head's predictor, every row's root by the table
-            ids = self.profile.head_routing.predictor.predict_drafted_ids(features, forest.tokens, table)  # [N, L*K]
-            sets = [frozenset(row) for row in ids.tolist()]
+            masks = self.profile.head_routing.predictor.predict_drafted_masks(features, forest.tokens, table)
             for root in forest.row_starts[:-1]:
-                sets[root] = table.flat_id_set(tokens[root])
+                masks[root] = table.flat_id_mask(tokens[root])
         elif self.profile.expert_pricing is ExpertPricing.TOPK:
-            sets = [table.flat_id_set(token) for token in tokens]
+            masks = [table.flat_id_mask(token) for token in tokens]
         else:
             return None
-        return ExpertSets(sets, table.num_experts)
+        return ExpertSets(masks, table.num_experts)
 
 
 def _node_features(forest: StepForest) -> torch.Tensor | None:

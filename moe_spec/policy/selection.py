@@ -332,7 +332,7 @@ def _grow_sets(forest: StepForest, prices: list[StepPrices], cost: CostModel, de
         per_row = [p.expert_sets if p.expert_sets is not None else flat_expert_sets(p.expert_probs) for p in prices]
         if any(row is None for row in per_row) or len({row.num_experts for row in per_row}) > 1:
             return None
-        sets = per_row[0].ids if len(per_row) == 1 else [ids for row in per_row for ids in row.ids]
+        sets = per_row[0].masks if len(per_row) == 1 else [mask for row in per_row for mask in row.masks]
     per_expert = list(cost.per_expert_ms)  # [L] ms per new expert of each layer (one value: shared by all)
     expert_ms = (per_expert * cost.num_layers if len(per_expert) == 1 else per_expert) if priced else []
     if forest.rows == 1:  # its flat indices are the tree's own

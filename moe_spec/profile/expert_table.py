@@ -20,6 +20,7 @@ import torch
 from moe_spec.core.step_record import StepRecord
 from moe_spec.core.tree import DraftTree
 from moe_spec.profile.cost_model import expected_unique_experts
+from moe_spec.profile.expert_masks import masks_of_ids
 
 
 class ExpertPredictor(Protocol):
@@ -104,15 +105,16 @@ class TokenExpertTable:
         expert) ids (the sets `onehot_by_token` marks; a view)."""
         return self._flat_ids
 
-    def flat_id_set(self, token: int) -> frozenset[int]:
-        """A token id's row of `flat_ids_by_token` as a set, computed once per id (what a controller
-        pricing 0/1 sets in plain Python reads for every row's root, every step)."""
-        sets = self.__dict__.setdefault("_flat_id_sets", {})
-        cached = sets.get(token)
+    def flat_id_mask(self, token: int) -> int:
+        """A token id's row of `flat_ids_by_token` as a bit mask (bit x set: flat id x), computed
+        once per id (what a controller pricing 0/1 sets in plain Python reads for every row's root,
+        every step)."""
+        masks = self.__dict__.setdefault("_flat_id_masks", {})
+        cached = masks.get(token)
         if cached is None:
             if not 0 <= token < self.vocab_size:
                 raise ValueError(f"token must be an id in 0..{self.vocab_size - 1}, got {token}")
-            cached = sets[token] = frozenset(self._flat_ids[token].tolist())
+            cached = masks[token] = masks_of_ids(self._flat_ids[token:token + 1], self.num_layers * self.num_experts)[0]
         return cached
 
     def predict_onehot_tokens(self, tokens: torch.Tensor) -> torch.Tensor:

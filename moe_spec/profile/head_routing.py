@@ -32,6 +32,7 @@ import numpy as np
 import torch
 from torch.nn import functional as F
 
+from moe_spec.profile.expert_masks import masks_of_bits
 from moe_spec.profile.expert_table import TokenExpertTable
 
 # the sidecar names of `HeadRoutingPredictor.arrays`, with their shapes in the fingerprint's letters
@@ -152,19 +153,28 @@ class HeadRoutingPredictor:
     def predict_flat_ids(self, features: torch.Tensor, tokens: torch.Tensor, depths, table: TokenExpertTable) -> np.ndarray:
         """[N, L*K] int64: each node's K predicted experts per layer (the K largest logits; roots, at
         depth 0 with no parent output, the table's top-K) as flat (layer * E + expert) ids, layer by
-        layer (`predict_drafted_ids`, roots overridden)."""
-        flat = self.predict_drafted_ids(features, tokens, table)
+        layer."""
+        logits = self._drafted_logits(features, tokens, table)  # [N, L, E]
+        top = np.argpartition(logits, -self.top_k, axis=-1)[..., -self.top_k:]  # [N, L, K]
+        flat = (top + self._layer_offsets).reshape(len(logits), -1)  # [N, L*K]
         roots = [node for node, depth in enumerate(np.asarray(depths).tolist()) if depth == 0]
         if roots:
             flat[roots] = table.flat_ids_by_token[tokens.cpu().numpy()[roots]]
         return flat
 
-    def predict_drafted_ids(self, features: torch.Tensor, tokens: torch.Tensor, table: TokenExpertTable | None) -> np.ndarray:
-        """[N, L*K] int64: each node's K largest logits per layer as flat (layer * E + expert) ids,
-        every node read as a drafted one (a root's row, whose features are zeros, means nothing:
-        `predict_flat_ids` prices roots by the table). Computed in numpy (the controller calls it
-        every step on a few dozen nodes, where each torch op's dispatch costs more than its
-        arithmetic); `logits` is the same map."""
+    def predict_drafted_masks(self, features: torch.Tensor, tokens: torch.Tensor, table: TokenExpertTable | None) -> list[int]:
+        """Each node's predicted experts (the K largest logits per layer, as `predict_flat_ids`) as
+        a bit mask over flat ids (`expert_masks`), every node read as a drafted one: a root's
+        (zero features) means nothing, and its caller prices roots by the table. The K largest are
+        those at or above each layer's K-th largest logit (a tie there, which float logits of a
+        fitted map do not make, would mark more)."""
+        logits = self._drafted_logits(features, tokens, table)  # [N, L, E]
+        kth = np.partition(logits, -self.top_k, axis=-1)[..., -self.top_k, None]  # [N, L, 1]
+        return masks_of_bits((logits >= kth).reshape(len(logits), -1))
+
+    def _drafted_logits(self, features: torch.Tensor, tokens: torch.Tensor, table: TokenExpertTable | None) -> np.ndarray:
+        """[N, L, E] float32 `logits` in numpy, node-major (the controller calls it every step on a
+        few dozen nodes, where each torch op's dispatch costs more than its arithmetic)."""
         features, tokens = self._checked(features, tokens)
         ids = tokens.numpy()
         projection, weight, terms = self._numpy_weights(table)
@@ -174,12 +184,10 @@ class HeadRoutingPredictor:
         # target's forward)
         squares = np.vecdot(h, h).tolist()  # [N]
         context = h @ projection  # [N, R_h]
-        context *= np.array([[1.0 / math.sqrt(s / self.hidden_size + _RMS_EPS)] for s in squares], dtype=np.float32)
+        context *= np.array([1.0 / math.sqrt(s / self.hidden_size + _RMS_EPS) for s in squares], dtype=np.float32)[:, None]
         logits = terms[ids]  # [N, L*E], a copy
         logits += context @ weight
-        top = np.argpartition(logits.reshape(len(ids), self.num_layers, self.num_experts), -self.top_k,
-                              axis=-1)[..., -self.top_k:]  # [N, L, K]
-        return (top + self._layer_offsets).reshape(len(ids), -1)  # [N, L*K]
+        return logits.reshape(len(ids), self.num_layers, self.num_experts)
 
     def _numpy_weights(self, table: TokenExpertTable | None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(A [D, R_h], W [R_h, L*E], token terms [V, L*E]) as numpy arrays sharing the tensors' memory

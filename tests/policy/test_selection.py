@@ -330,6 +330,8 @@ def test_the_growth_in_python_is_the_vectorised_growth():
         compared[min(rows, 2)] += len(fast.order) > 2
     assert min(compared.values()) > 100, f"the cases must exercise growth: {compared}"
     sets = flat_expert_sets(torch.tensor([[[0.0, 1.0, 1.0], [1.0, 0.0, 1.0]], [[1.0, 1.0, 0.0], [0.0, 1.0, 1.0]]]))
-    assert sets.ids == [frozenset({1, 2, 3, 4}), frozenset({0, 2, 4, 5})] and sets.num_experts == 3  # layer * E + expert
+    assert sets.ids() == [frozenset({1, 2, 3, 4}), frozenset({0, 2, 4, 5})] and sets.num_experts == 3  # layer * E + expert
+    assert sets.masks == [0b11110, 0b110101]  # bit x: flat id x
     assert flat_expert_sets(torch.tensor([[[0.5, 1.0, 0.5]]])) is None  # probabilities: the vectorised growth
     assert flat_expert_sets(torch.tensor([[[1.0, 1.0, 0.0], [1.0, 0.0, 0.0]]])) is None  # sets of unequal size
+

@@ -19,6 +19,7 @@ from moe_spec.measure.decoding import decode_prompts
 from moe_spec.measure.head_routing_stage import head_routing_stage, held_out_prompts, node_routing, split_by_prompt
 from moe_spec.policy.profiled import ProfiledController
 from moe_spec.policy.row_growth import flat_expert_sets
+from moe_spec.profile.expert_masks import ids_of_mask
 from moe_spec.profile.artifact import Profile, ProfileError, fingerprint, hardware_description
 from moe_spec.profile.calibration import AcceptanceCalibration, IsotonicMap
 from moe_spec.profile.cost_model import CostModel
@@ -199,9 +200,16 @@ def test_the_predicted_sets_are_the_k_largest_logits_and_roots_the_tables(fitted
     assert torch.equal(onehot, expected)
     assert torch.equal(onehot.sum(-1), torch.full(onehot.shape[:2], float(predictor.top_k)))
     flat = predictor.predict_flat_ids(features, tokens, depths, table)  # [N, L*K]
-    assert flat_expert_sets(expected).ids == [frozenset(row) for row in flat.tolist()]
+    assert flat_expert_sets(expected).ids() == [frozenset(row) for row in flat.tolist()]
     assert [frozenset(row) for row in table.flat_ids_by_token[tokens[roots].numpy()].tolist()] == \
-        flat_expert_sets(table.predict_onehot_tokens(tokens[roots])).ids
+        flat_expert_sets(table.predict_onehot_tokens(tokens[roots])).ids()
+    assert [table.flat_id_mask(token) for token in tokens[roots].tolist()] == \
+        flat_expert_sets(table.predict_onehot_tokens(tokens[roots])).masks
+    with pytest.raises(ValueError, match="token must be an id"):
+        table.flat_id_mask(table.vocab_size)
+    drafted = (depths != 0).nonzero().flatten().tolist()
+    masks = predictor.predict_drafted_masks(features, tokens, table)  # the controller's form: drafted nodes' rows
+    assert [ids_of_mask(masks[node]) for node in drafted] == [frozenset(flat[node].tolist()) for node in drafted]
 
 
 def test_features_of_the_wrong_width_are_named(fitted):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 import torch
@@ -124,7 +126,17 @@ def test_forest_layout_matches_its_trees(trees_):
 def test_subforest_is_each_rows_subtree(data):
     trees_ = data.draw(forests())
     keeps = [data.draw(closed_subsets(t)) for t in trees_]
+    featured = data.draw(st.booleans())  # the rows' trees gathered together (`subtrees`), with and without features
+    if featured:
+        trees_ = [replace(t, node_features=torch.randn(len(t), 3)) for t in trees_]
     sub = StepForest(tuple(trees_)).subforest(keeps)
     assert sub.sizes.tolist() == [len(k) for k in keeps]
     for tree, keep, kept in zip(trees_, keeps, sub):
-        assert torch.equal(kept.tokens, tree.tokens[torch.tensor(keep)])
+        index = torch.tensor(sorted(keep))
+        assert torch.equal(kept.tokens, tree.tokens[index]) and torch.equal(kept.scores, tree.scores[index])
+        assert torch.equal(kept.depths, tree.depths[index]) and kept.depth_list == tuple(kept.depths.tolist())
+        assert torch.equal(ancestor_mask(kept), ancestor_mask(tree)[index][:, index])
+        assert kept.parent_list == tuple(kept.parents.tolist())
+        assert (kept.node_features is None) == (not featured)
+        if featured:
+            assert torch.equal(kept.node_features, tree.node_features[index])
