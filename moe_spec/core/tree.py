@@ -75,7 +75,11 @@ class DraftTree:
         )
 
     def __len__(self) -> int:
-        return int(self.tokens.shape[0])
+        n = self.__dict__.get("_len")  # read many times a step: the tensor's shape once
+        if n is None:
+            n = int(self.tokens.shape[0])
+            object.__setattr__(self, "_len", n)
+        return n
 
     @property
     def sampled(self) -> bool:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import NamedTuple
 
 import numpy as np
@@ -30,8 +30,7 @@ class _Choice(NamedTuple):
     edge: bool  # it reached the candidates' last level, or took every drafted node
 
 
-@dataclass(frozen=True)
-class _VerifyPlan:
+class _VerifyPlan(NamedTuple):
     """What a plan knew of the pass it asked for (`MoeAwareController._planned`)."""
 
     nodes: int  # real nodes verified, roots included

@@ -118,17 +118,17 @@ def grow_rows(values: list[float], parents: list[int], depths: list[int], row_of
             deeper_at = [depth_ms * max(d - deepest, 0) + fixed for d in range(max_depth + 1)]
             deepest_priced = deepest
         pick, pick_ratio, pick_fills = -1, 0.0, False
-        for node in price:
-            deeper = deeper_at[depths[node]]
+        for node, node_ms in price.items():
+            value_of = values[node]
             if sizes[row_of[node]] < width:  # fills a slot the pass computes anyway
-                marginal = price[node] + deeper
-                if not values[node] > rate * marginal:  # such a node must raise the throughput itself
+                marginal = node_ms + deeper_at[depths[node]]
+                if not value_of > rate * marginal:  # such a node must raise the throughput itself
                     continue
                 fills = True
             else:
-                marginal = price[node] + widen_ms + deeper
+                marginal = node_ms + widen_ms + deeper_at[depths[node]]
                 fills = False
-            ratio = values[node] / (marginal if marginal > 1e-9 else 1e-9)
+            ratio = value_of / (marginal if marginal > 1e-9 else 1e-9)
             if pick < 0 or ratio > pick_ratio or (ratio == pick_ratio and node < pick):  # ties: the lower index, as numpy's argmax
                 pick, pick_ratio, pick_fills = node, ratio, fills
         if pick < 0:
@@ -148,7 +148,7 @@ def grow_rows(values: list[float], parents: list[int], depths: list[int], row_of
             for node in price:  # their shared new experts are loaded now
                 shared = masks[node] & new
                 if shared:
-                    price[node] -= priced(shared)
+                    price[node] -= uniform * shared.bit_count() if uniform is not None else priced(shared)
         for child in children[pick]:
             enter(child)
         stale += 1

@@ -106,16 +106,16 @@ class TokenExpertTable:
         return self._flat_ids
 
     def flat_id_mask(self, token: int) -> int:
-        """A token id's row of `flat_ids_by_token` as a bit mask (bit x set: flat id x), computed
-        once per id (what a controller pricing 0/1 sets in plain Python reads for every row's root,
-        every step)."""
-        masks = self.__dict__.setdefault("_flat_id_masks", {})
-        cached = masks.get(token)
-        if cached is None:
-            if not 0 <= token < self.vocab_size:
-                raise ValueError(f"token must be an id in 0..{self.vocab_size - 1}, got {token}")
-            cached = masks[token] = masks_of_ids(self._flat_ids[token:token + 1], self.num_layers * self.num_experts)[0]
-        return cached
+        """A token id's row of `flat_ids_by_token` as a bit mask (bit x set: flat id x): what a
+        controller pricing 0/1 sets in plain Python reads for every row's root, every step. Every
+        id's mask is built on the first call (a few ms, once)."""
+        masks = self.__dict__.get("_flat_id_masks")
+        if masks is None:
+            masks = masks_of_ids(self._flat_ids, self.num_layers * self.num_experts)
+            self.__dict__["_flat_id_masks"] = masks
+        if not 0 <= token < self.vocab_size:
+            raise ValueError(f"token must be an id in 0..{self.vocab_size - 1}, got {token}")
+        return masks[token]
 
     def predict_onehot_tokens(self, tokens: torch.Tensor) -> torch.Tensor:
         """tokens: [N] long -> [L, N, E] 0/1, as `predict_onehot`."""
