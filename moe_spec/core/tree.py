@@ -139,6 +139,15 @@ class DraftTree:
         return max(self.depth_list)
 
     @property
+    def score_list(self) -> tuple[float, ...]:
+        """`scores` as a tuple."""
+        cached = self.__dict__.get("_score_list")
+        if cached is None:
+            cached = tuple(self.scores.tolist())
+            object.__setattr__(self, "_score_list", cached)
+        return cached
+
+    @property
     def rank_list(self) -> tuple[int, ...]:
         """`sibling_ranks` as a tuple."""
         cached = self.__dict__.get("_rank_list")
@@ -146,7 +155,7 @@ class DraftTree:
             if self.sampled:
                 cached = tuple(self.draw_rank.tolist())
             else:
-                parents, scores = self.parent_list, self.scores.tolist()
+                parents, scores = self.parent_list, self.score_list
                 ranks, seen = [0] * len(parents), {}
                 for parent, _, node in sorted(zip(parents[1:], [-score for score in scores[1:]], range(1, len(parents)))):
                     ranks[node] = seen.get(parent, 0)

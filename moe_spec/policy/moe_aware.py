@@ -97,6 +97,7 @@ class MoeAwareController(ProfiledController):
         self._curve: dict[int, np.ndarray] = {}  # tokens -> [L] the profile's unique-experts curve there
         self._chain: ChainAcceptance | None = None  # sampled chains' acceptance per depth, when the profile measured it
         self._chain_ms: dict[tuple[int, int], float] = {}  # (nodes, rows) -> the profile's verify ms of such chains
+        self._plain_pass: dict[int, float] = {}  # rows -> the profile's plain pass of that many rows
         self._fresh_history()
 
     def _fresh_history(self) -> None:
@@ -290,6 +291,12 @@ class MoeAwareController(ProfiledController):
         return rows / ms
 
     def _plain_pass_ms(self, rows: int) -> float:
+        """The profile's plain pass of `rows` rows (computed once per row count)."""
+        if rows not in self._plain_pass:
+            self._plain_pass[rows] = self._plain_pass_afresh(rows)
+        return self._plain_pass[rows]
+
+    def _plain_pass_afresh(self, rows: int) -> float:
         cost = self.profile.cost_model
         if not cost.num_layers:
             return cost.predict_ms(rows, [], rows=rows)

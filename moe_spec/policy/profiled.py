@@ -37,7 +37,7 @@ class ProfiledController:
         self.scheme = CandidateScheme(scheme)
         self.sampled = False  # this request's candidates are sampled (set by `begin`)
         self.calibration = profile.calibration  # the acceptance calibration matching this request
-        self._last_calibrated: tuple[StepForest, np.ndarray] | None = None  # (forest, its calibrated values)
+        self._last_calibrated: tuple[StepForest, tuple[float, ...]] | None = None  # (forest, its calibrated values)
         self._scaled: tuple[tuple[float, float], CostModel] | None = None  # (correction, the cost model it scales)
         self._fresh_corrections()
 
@@ -98,21 +98,22 @@ class ProfiledController:
         return values
 
     def _calibrated_afresh(self, forest: StepForest) -> tuple[float, ...]:
-        return tuple(value for tree in forest.trees for value in self._calibrated_row(tree))
-
-    def _calibrated_row(self, tree: DraftTree) -> list[float]:
-        """The calibrated P(on accepted path) of one tree's nodes in plain Python, node by node
-        (parents come first): a few nodes, where each numpy call costs more than its arithmetic.
-        A parent's first child is mapped apart from its later siblings (`AcceptanceCalibration`)."""
-        scores, parents, depths, ranks = tree.scores.tolist(), tree.parent_list, tree.depth_list, tree.rank_list
-        maps = [(None, None)] + [(self.calibration.conditional_map(depth), self.calibration.conditional_map(depth, True))
-                                 for depth in range(1, max(depths) + 1)]  # (later siblings, first child) per depth
-        values = [1.0] * len(scores)
-        for node in range(1, len(scores)):
-            parent = parents[node]
-            conditional = maps[depths[node]][ranks[node] == 0].at(math.exp(scores[node] - scores[parent]))
-            values[node] = conditional * values[parent]
-        return values
+        """Every row's nodes in plain Python, node by node (parents come first): a few dozen nodes a
+        row, where each numpy call costs more than its arithmetic. A parent's first child is mapped
+        apart from its later siblings (`AcceptanceCalibration`)."""
+        calibration = self.calibration
+        maps = [(None, None)] + [(calibration.conditional_map(depth), calibration.conditional_map(depth, True))
+                                 for depth in range(1, forest.max_depth + 1)]  # (later siblings, first child) per depth
+        out: list[float] = []
+        for tree in forest.trees:
+            scores, parents, depths, ranks = tree.score_list, tree.parent_list, tree.depth_list, tree.rank_list
+            values = [1.0] * len(scores)
+            for node in range(1, len(scores)):
+                parent = parents[node]
+                conditional = maps[depths[node]][ranks[node] == 0].at(math.exp(scores[node] - scores[parent]))
+                values[node] = conditional * values[parent]
+            out += values
+        return tuple(out)
 
     def cost_model(self) -> CostModel:
         base = self.profile.cost_model
@@ -136,24 +137,18 @@ class ProfiledController:
             same = candidates is not None and len(verified.trees) == len(candidates.trees) and all(
                 a is b for a, b in zip(verified.trees, candidates.trees))  # nothing was cut: values known
             values = self._calibrated(candidates if same else verified)
-        if verified.rows == 1:  # one tree, a few nodes: the same sums in plain Python
-            tree = verified[0]
-            depths = tree.depth_list
-            predicted, observed = [0.0] * (max(depths) + 1), [0] * (max(depths) + 1)
-            for depth, value in zip(depths, values):
-                predicted[depth] += value
-            for node in record.acceptances[0].path:
-                observed[depths[node]] += 1
-            for depth in range(1, len(predicted)):
-                self.acceptance_correction.update(depth, predicted[depth], float(observed[depth]))
-            return
-        depths = verified.depths
-        on_path = np.concatenate([verified.offsets[b] + np.asarray(a.path) for b, a in enumerate(record.acceptances)])
+        # a few dozen nodes a row: plain Python sums per depth
         bins = verified.max_depth + 1
-        predicted = np.bincount(depths, weights=np.asarray(values, dtype=np.float64), minlength=bins)  # [D + 1] expected path nodes per depth
-        observed = np.bincount(depths[on_path], minlength=bins)  # [D + 1] accepted path nodes per depth
+        predicted, observed = [0.0] * bins, [0] * bins  # expected and accepted path nodes per depth
+        values = iter(values)
+        for tree, acceptance in zip(verified.trees, record.acceptances):
+            depths = tree.depth_list
+            for depth in depths:
+                predicted[depth] += next(values)
+            for node in acceptance.path:
+                observed[depths[node]] += 1
         for depth in range(1, bins):
-            self.acceptance_correction.update(depth, float(predicted[depth]), float(observed[depth]))
+            self.acceptance_correction.update(depth, predicted[depth], float(observed[depth]))
 
     def predicted_verify_ms(self, forest: StepForest, cost: CostModel | None = None, misses=None) -> float:
         """The uncorrected cost model's time for verifying these rows' trees in one padded pass

@@ -218,6 +218,12 @@ def test_draft_cost_tracker_separates_the_fixed_part_from_the_depths():
         tracker.update(depth, 3.0 + 1.5 * depth)
     fixed, per_depth = tracker.estimate()
     assert 1.5 <= per_depth < 2.0 and fixed > 0.0
+    # computed once per window and prior: a new sample or another prior is a new estimate
+    assert tracker.estimate() == (fixed, per_depth) and tracker.estimate(1.0) != (fixed, per_depth)
+    tracker.update(6, 40.0)
+    fresh = DraftCostTracker(samples=list(tracker.samples))
+    assert tracker.estimate() == fresh.estimate() != (fixed, per_depth)
+    assert tracker.estimate(1.0) == fresh.estimate(1.0)
 
 
 def test_learning_from_a_batch_counts_every_verified_node_at_its_depth(profiled):

@@ -50,7 +50,7 @@ def test_child_values_are_the_controllers_calibrated_path_products(setup):
     level2 = pricer.child_values(2, level1[:, :, 0], log_q2)  # [1, 1, 2]
     scores = np.concatenate([[0.0], log_q1[0, 0], log_q1[0, 0, 0] + log_q2[0, 0]])
     tree = DraftTree.from_lists([1, 2, 3, 4, 5, 6], [-1, 0, 0, 0, 1, 1], scores=scores.tolist())
-    expected = controller._calibrated_row(tree)
+    expected = controller._calibrated_afresh(StepForest((tree,)))
     assert np.allclose(np.concatenate([level1[0, 0], level2[0, 0]]), expected[1:])
     assert pricer.forwards == 2
 

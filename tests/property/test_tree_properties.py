@@ -20,6 +20,9 @@ FAST = bounded(150)
 @given(trees())
 def test_depths_count_the_ancestors(tree):
     parents, depths = tree.parents.tolist(), tree.depths.tolist()
+    # the cached Python forms the controllers read are the tensors'
+    assert list(tree.parent_list) == parents and list(tree.depth_list) == depths and tree.max_depth == max(depths)
+    assert list(tree.rank_list) == tree.sibling_ranks.tolist() and list(tree.score_list) == tree.scores.tolist()
     assert depths[0] == 0
     for node in range(1, len(tree)):
         assert parents[node] < node
@@ -115,6 +118,7 @@ def test_forest_layout_matches_its_trees(trees_):
         assert forest.depths[start:end].tolist() == tree.depths.tolist()
         assert (forest.row_of[start:end] == row).all()
     assert forest.max_depth == max(int(t.depths.max()) for t in trees_)
+    assert list(forest.row_starts) == forest.offsets.tolist() and forest.num_nodes == sum(sizes)
     chunks = forest.split(torch.arange(forest.num_nodes))
     assert [c.tolist() for c in chunks] == [list(range(s, e)) for s, e in zip(forest.offsets[:-1], forest.offsets[1:])]
     flat = list(range(forest.num_nodes))[::-1]
