@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import cached_property
 
 import torch
 
@@ -96,84 +97,58 @@ class DraftTree:
     def num_drafted(self) -> int:
         return len(self) - 1
 
-    @property
+    # computed once (the tree is immutable): `cached_property` keeps each in the instance's dict,
+    # where a frozen dataclass's own fields are untouched
+    @cached_property
     def depths(self) -> torch.Tensor:
-        """[N] long: distance of each node from the root (computed once; the tree is immutable)."""
-        cached = self.__dict__.get("_depths")
-        if cached is None:
-            cached = torch.tensor(self.depth_list, dtype=torch.long)
-            object.__setattr__(self, "_depths", cached)
-        return cached
+        """[N] long: distance of each node from the root."""
+        return torch.tensor(self.depth_list, dtype=torch.long)
 
-    # the structure as Python tuples, computed once: controllers walk a few dozen nodes a step in
-    # plain Python, where converting the tensors again on every read costs more than the walk
+    # the structure as Python tuples: controllers walk a few dozen nodes a step in plain Python,
+    # where converting the tensors again on every read costs more than the walk
 
-    @property
+    @cached_property
     def parent_list(self) -> tuple[int, ...]:
         """`parents` as a tuple."""
-        cached = self.__dict__.get("_parent_list")
-        if cached is None:
-            cached = tuple(self.parents.tolist())
-            object.__setattr__(self, "_parent_list", cached)
-        return cached
+        return tuple(self.parents.tolist())
 
-    @property
+    @cached_property
     def depth_list(self) -> tuple[int, ...]:
         """`depths` as a tuple."""
-        cached = self.__dict__.get("_depth_list")
-        if cached is None:
-            if "_depths" in self.__dict__:
-                cached = tuple(self.__dict__["_depths"].tolist())
-            else:
-                parents = self.parent_list
-                values = [0] * len(parents)
-                for i in range(1, len(parents)):
-                    values[i] = values[parents[i]] + 1
-                cached = tuple(values)
-            object.__setattr__(self, "_depth_list", cached)
-        return cached
+        parents = self.parent_list
+        values = [0] * len(parents)
+        for i in range(1, len(parents)):
+            values[i] = values[parents[i]] + 1
+        return tuple(values)
 
     @property
     def max_depth(self) -> int:
         """The deepest node's depth (0: the root alone)."""
         return max(self.depth_list)
 
-    @property
+    @cached_property
     def score_list(self) -> tuple[float, ...]:
         """`scores` as a tuple."""
-        cached = self.__dict__.get("_score_list")
-        if cached is None:
-            cached = tuple(self.scores.tolist())
-            object.__setattr__(self, "_score_list", cached)
-        return cached
+        return tuple(self.scores.tolist())
 
-    @property
+    @cached_property
     def rank_list(self) -> tuple[int, ...]:
         """`sibling_ranks` as a tuple."""
-        cached = self.__dict__.get("_rank_list")
-        if cached is None:
-            if self.sampled:
-                cached = tuple(self.draw_rank.tolist())
-            else:
-                parents, scores = self.parent_list, self.score_list
-                ranks, seen = [0] * len(parents), {}
-                for parent, _, node in sorted(zip(parents[1:], [-score for score in scores[1:]], range(1, len(parents)))):
-                    ranks[node] = seen.get(parent, 0)
-                    seen[parent] = ranks[node] + 1
-                cached = tuple(ranks)
-            object.__setattr__(self, "_rank_list", cached)
-        return cached
+        if self.sampled:
+            return tuple(self.draw_rank.tolist())
+        parents, scores = self.parent_list, self.score_list
+        ranks, seen = [0] * len(parents), {}
+        for parent, _, node in sorted(zip(parents[1:], [-score for score in scores[1:]], range(1, len(parents)))):
+            ranks[node] = seen.get(parent, 0)
+            seen[parent] = ranks[node] + 1
+        return tuple(ranks)
 
-    @property
+    @cached_property
     def sibling_ranks(self) -> torch.Tensor:
         """[N] long: each node's rank among its parent's children (0: the first; root 0). Sampled
         candidates are ranked in draw order (`draw_rank`), top candidates by score (the head's
-        order of proposing them; ties to the lower index). Computed once (the tree is immutable)."""
-        cached = self.__dict__.get("_ranks")
-        if cached is None:
-            cached = self.draw_rank if self.sampled else torch.tensor(self.rank_list, dtype=torch.long)
-            object.__setattr__(self, "_ranks", cached)
-        return cached
+        order of proposing them; ties to the lower index)."""
+        return self.draw_rank if self.sampled else torch.tensor(self.rank_list, dtype=torch.long)
 
     def children(self, node: int) -> list[int]:
         return (self.parents == node).nonzero().flatten().tolist()
@@ -241,8 +216,8 @@ def subtrees(trees: Sequence[DraftTree], keeps: Sequence[torch.Tensor | Sequence
                   "proposals": tree.proposals[rows] if sampled else None,
                   "proposal_ids": tree.proposal_ids if sampled else None,
                   "draw_rank": tree.draw_rank[rows] if sampled else None, "node_features": features[i],
-                  "_parent_list": parent_list,
-                  "_depth_list": tuple(old_depths[node] for node in kept)}  # depths within a closed subtree are unchanged
+                  "parent_list": parent_list,  # the cached properties, known here
+                  "depth_list": tuple(old_depths[node] for node in kept)}  # depths within a closed subtree are unchanged
         for name, value in fields.items():
             object.__setattr__(sub, name, value)
         out[row] = sub

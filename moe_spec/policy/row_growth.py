@@ -20,6 +20,7 @@ experts touch about half the frontier's prices). Masks instead of frozensets of 
 
 from __future__ import annotations
 
+from itertools import accumulate
 from typing import NamedTuple
 
 import numpy as np
@@ -40,7 +41,7 @@ class ExpertSets(NamedTuple):
         """A forest's flat sets, one `ExpertSets` per row of `sizes` nodes."""
         if len(sizes) == 1:
             return [self]
-        bounds = np.cumsum([0] + sizes).tolist()
+        bounds = [0, *accumulate(sizes)]
         return [ExpertSets(self.masks[start:end], self.num_experts) for start, end in zip(bounds, bounds[1:])]
 
     def ids(self) -> list[frozenset[int]]:
@@ -84,16 +85,20 @@ def grow_rows(values: list[float], parents: list[int], depths: list[int], row_of
             children[parents[node]].append(node)
     # one price for every layer's experts (a shared per-expert cost): a node's price is that times
     # the count of its new ids; else each layer's count at that layer's price
-    uniform = expert_ms[0] if expert_ms and min(expert_ms) == max(expert_ms) else None
-    layers = [(ms, ((1 << num_experts) - 1) << (layer * num_experts)) for layer, ms in enumerate(expert_ms)]
+    if expert_ms and min(expert_ms) == max(expert_ms):
+        uniform = expert_ms[0]
+
+        def priced(mask: int) -> float:
+            return uniform * mask.bit_count()
+    else:
+        layers = [(ms, ((1 << num_experts) - 1) << (layer * num_experts)) for layer, ms in enumerate(expert_ms)]
+
+        def priced(mask: int) -> float:
+            return sum(ms * (mask & layer).bit_count() for ms, layer in layers)
+
     loaded = 0  # the (layer, expert) ids the chosen nodes load, as a mask
     for root in roots:
         loaded |= masks[root] if masks is not None else 0
-
-    def priced(mask: int) -> float:
-        if uniform is not None:
-            return uniform * mask.bit_count()
-        return sum(ms * (mask & layer).bit_count() for ms, layer in layers)
 
     widen_ms = per_token_ms * rows  # a node widening the pass: a token more in every row
     roots_ms = roots_fixed_ms + widen_ms + (priced(loaded) if masks is not None else 0.0)
@@ -148,7 +153,7 @@ def grow_rows(values: list[float], parents: list[int], depths: list[int], row_of
             for node in price:  # their shared new experts are loaded now
                 shared = masks[node] & new
                 if shared:
-                    price[node] -= uniform * shared.bit_count() if uniform is not None else priced(shared)
+                    price[node] -= priced(shared)
         for child in children[pick]:
             enter(child)
         stale += 1

@@ -341,5 +341,5 @@ def test_an_oversized_tree_is_refused_without_walking_it():
     huge = DraftTree.from_lists([0] * 10_001, [-1] + [0] * 10_000)
     with pytest.raises(DrafterError, match="10000 drafted nodes"):
         check_proposal("Huge", [huge], 1, EAGLE2_BUDGET, [5])
-    assert not {"_depths", "_depth_list"} & set(huge.__dict__), "refused on its node count alone, before its depths"
+    assert not {"depths", "depth_list"} & set(huge.__dict__), "refused on its node count alone, before its depths"
     check_proposal("Huge", [huge.subtree(list(range(61)))], 1, EAGLE2_BUDGET, [5])  # within budget: accepted
