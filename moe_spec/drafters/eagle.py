@@ -92,15 +92,28 @@ class EagleDrafter:
         included, over all `propose` calls)."""
         return self._runner.rows_drafted
 
+    @property
+    def rows_extended(self) -> int:
+        """Committed and root pairs the head has taken in so far (a prompt's when decoding begins,
+        then each step's), over all calls."""
+        return self._runner.rows_extended
+
     # -- the BatchDrafter protocol -----------------------------------------------------------
 
     @torch.inference_mode()
     def begin(self, prompts: Sequence[torch.Tensor], features: Sequence[torch.Tensor]) -> None:
-        """prompts[b]: [T_b] long; features[b]: [T_b, S, D]. Starts over with len(prompts) rows."""
-        self._runner.reset(len(prompts))
+        """prompts[b]: [T_b] long; features[b]: [T_b, S, D]. Starts over with len(prompts) rows and
+        writes their prompt pairs into the head's cache now, with the target's prefill: the first
+        step's drafting then costs what every step's does (with the prompt queued to it, a 16-row
+        batch's first draft took 3-4 times a later one's, and the controller's fit of the draft
+        time per depth read that as depth)."""
+        runner = self._runner
+        runner.reset(len(prompts))
+        runner.refresh()
         fused = self._fuse(features)
-        self._queued_g = [[g[:-1]] for g in fused]
-        self._queued_tokens = [[p[1:].to(self._device, torch.long)] for p in prompts]
+        runner.write([g[:-1] for g in fused], [p[1:].to(self._device, torch.long) for p in prompts])
+        self._queued_g = [[] for _ in fused]
+        self._queued_tokens = [[] for _ in fused]
         self._last_g = [g[-1:] for g in fused]
 
     @torch.inference_mode()

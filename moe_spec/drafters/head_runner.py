@@ -11,6 +11,7 @@ row b's first `lengths[b]` columns are its committed pairs; anything past them i
 the next write overwrites, so dropping drafts is just not advancing `lengths`. A single sequence
 is a batch of one.
 
+- `write` appends pairs whose h is never read (a prompt's): their keys and values alone;
 - `extend` appends each row's pairs causally at that row's own columns `lengths[b]...` and
   returns the h of each row's last pair only: the other pairs' h is never read (a later pair
   reads the target's features, not h), so their attention and MLP are skipped;
@@ -192,6 +193,25 @@ class HeadRunner:
         return x + torch.mm(self.act(gate) * up, self.down_wt)
 
     # -- the two kinds of forward ---------------------------------------------------------------
+
+    def write(self, g: list[torch.Tensor], token_ids: list[torch.Tensor]) -> None:
+        """Append each row's pairs (g[b] [A_b, D], target ids [A_b], A_b >= 0) whose h nobody reads:
+        only their keys and values, which in a one-layer head depend on each pair's own input alone
+        (no attention, no MLP). A prompt's pairs, written when decoding begins; `lengths` advance by A_b."""
+        counts = [t.numel() for t in token_ids]
+        if not sum(counts):
+            return
+        starts = self.lengths
+        self.lengths = [s + c for s, c in zip(starts, counts)]
+        self.reserve(max(self.lengths))
+        cos, sin = self._rotary(max(self.lengths))
+        rows = torch.cat([torch.full((c,), b, device=self.device) for b, c in enumerate(counts)])  # [A] each pair's row
+        columns = torch.cat([torch.arange(s, s + c, device=self.device) for s, c in zip(starts, counts)])  # [A]
+        x = self._input(torch.cat(g), torch.cat(token_ids).to(self.device))  # [A, D], every row's pairs in one run
+        _, k, v = self._qkv(x, 1, cos[columns], sin[columns])  # [1, H, A, hd]
+        self._k[rows, :, columns] = k[0].transpose(0, 1)  # [A, H, hd]
+        self._v[rows, :, columns] = v[0].transpose(0, 1)
+        self.rows_extended += sum(counts)
 
     def extend(self, g: list[torch.Tensor], token_ids: list[torch.Tensor]) -> torch.Tensor:
         """Append each row's pairs (g[b] [A_b, D], target ids [A_b], A_b >= 1) causally after its

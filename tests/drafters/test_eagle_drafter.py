@@ -503,3 +503,14 @@ def test_batched_eagle_decoding_equals_each_row_decoded_alone(arch):
         alone = hf_greedy(model, prompt, 12)[0, len(prompt):].tolist()
         assert result.sequences[row, width:].tolist()[: len(alone)] == alone, f"{arch} row {row}"
     assert any(step.tree_size > 0 for step in result.stats.steps)
+
+
+def test_the_prompt_is_taken_in_by_begin_not_by_the_first_draft(qwen):
+    """`begin` writes every prompt pair into the head's cache, so the first step drafts as cheaply as
+    any later one: its forward at depth 0 takes in one pair a row (the root's), not the prompt."""
+    target, head = qwen
+    prompts = [_prompt(n, seed=3 + n) for n in (6, 11, 9)]
+    drafter = _begun(target, head, *prompts)
+    assert drafter.rows_extended == sum(len(p) - 2 for p in prompts)  # begun on p[:-1]: its pairs
+    drafter.propose([int(p[-1]) for p in prompts], TreeBudget(10, 3, 3), [3, 3, 3], SamplingConfig())
+    assert drafter.rows_extended == sum(len(p) - 2 for p in prompts) + len(prompts)
