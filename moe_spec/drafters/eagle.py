@@ -3,9 +3,10 @@ at once (one head forward per tree depth for the whole batch); a single sequence
 
 Cache handling. The head's keys and values live in a `HeadRunner`'s preallocated [B, ...]
 buffers whose first `lengths[b]` columns are exactly row b's committed pairs (features of
-position t, token t+1) whose features came from the target. `begin` and `commit` only queue the
-new pairs (fusing their features); `propose` runs them through the head in its first forward
-together with each row's pending pair (features of its last committed position, root token),
+position t, token t+1) whose features came from the target. `begin` writes the prompt's pairs
+(their keys and values only, `HeadRunner.write`: no one reads their h), so that the first step
+drafts as cheaply as any other; `commit` only queues a step's new pairs (fusing their features);
+`propose` runs them through the head in its first forward together with each row's pending pair (features of its last committed position, root token),
 whose output gives the root's children (only that last pair's attention and MLP are computed:
 the committed pairs' h is never read). Each further depth is one forward of the frontier nodes
 chosen for expansion in every row, written into shared columns past every row's prefix with an
