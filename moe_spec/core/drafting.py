@@ -15,7 +15,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Protocol
 
-import numpy as np
 import torch
 
 from moe_spec.core.sampling import SamplingConfig
@@ -72,14 +71,15 @@ class DraftPricer(Protocol):
 
     forwards: int  # head forwards run with this pricer (one per `child_values` call)
 
-    def child_values(self, depth: int, parent_values: np.ndarray, log_q: np.ndarray) -> np.ndarray:
-        """parent_values [B, M] of the nodes a head forward expanded; log_q [B, M, w] their children's
-        draft log-probabilities in rank order (slot 0: the top child) -> [B, M, w] the children's
-        values (children at `depth`)."""
+    def child_values(self, depth: int, parent_values: list[list[float]], log_q: list[list[list[float]]]) -> list[list[float]]:
+        """parent_values [B][M] of the nodes a head forward expanded; log_q [B][M][w] their children's
+        draft log-probabilities in rank order (slot 0: the top child) -> [B][M*w] the children's
+        values (children at `depth`; parent m's in slots m*w ... m*w + w - 1). Python lists: a few
+        dozen values a depth."""
 
-    def worth_expanding(self, depth: int, values: np.ndarray) -> np.ndarray:
-        """values [B, M] of frontier nodes (at depth - 1; 0: no node) -> [B] bool: drafting row b's
-        next depth (`depth`) could pay."""
+    def worth_expanding(self, depth: int, values: list[list[float]]) -> list[bool]:
+        """values [B][M] of frontier nodes (at depth - 1; 0: no node) -> [B]: drafting row b's next
+        depth (`depth`) could pay."""
 
 
 EAGLE2_BUDGET = TreeBudget(max_nodes=60, max_depth=5, branching=10)  # EAGLE-2's published default, defined once

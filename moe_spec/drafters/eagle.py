@@ -51,7 +51,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-import numpy as np
 import torch
 
 from moe_spec.core.drafting import EAGLE2_BUDGET, DraftPricer, TreeBudget
@@ -205,7 +204,7 @@ class EagleDrafter:
         def children(h: torch.Tensor, base: torch.Tensor, nodes: torch.Tensor, depth: int, base_values):
             """h [B, M, D] of expanded nodes `nodes` [B, M] with cumulative scores base [B, M] ->
             their `w` children at `depth`: draft ids, cumulative scores [B, M*w] (-inf stays -inf)
-            and, with a pricer, their values [B, M*w] from the parents' base_values [B, M]."""
+            and, with a pricer, their values [B][M*w] (lists) from the parents' base_values [B][M]."""
             m = h.shape[1]
             log_q = draft_log_probs(runner, h.reshape(batch * m, -1), sampling)  # [B*M, V_draft]
             if draws is None:
@@ -215,12 +214,11 @@ class EagleDrafter:
             cumulative = base[..., None] + top_logp.view(batch, m, width)
             values = None
             if pricer is not None:
-                child_log_q = top_logp.view(batch, m, width).cpu().numpy()
-                values = pricer.child_values(depth, base_values, child_log_q).reshape(batch, m * width)
+                values = pricer.child_values(depth, base_values, top_logp.view(batch, m, width).tolist())
             return top_ids.view(batch, m * width), cumulative.view(batch, m * width), values
 
         ids, scores, values = children(h_root[:, None], torch.zeros(batch, 1, device=device),
-                                       torch.zeros(batch, 1, dtype=torch.long, device=device), 1, np.ones((batch, 1)))
+                                       torch.zeros(batch, 1, dtype=torch.long, device=device), 1, [[1.0]] * batch)
         if min(caps) < 1:
             scores = scores.masked_fill(depth_of_row < 1, NEG_INF)
         if draws is not None:
@@ -246,11 +244,13 @@ class EagleDrafter:
                 live = ranked > NEG_INF
             if min(caps) < depth:
                 live &= depth_of_row >= depth
-            frontier_values = None
+            frontier_values = worth = None
             if pricer is not None:  # a row stops where nothing one depth deeper could pay
-                frontier_values = np.take_along_axis(values, order.cpu().numpy(), axis=1)  # [B, w]
-                frontier_values *= live.cpu().numpy()  # 0 where no node is expanded anyway
-                live &= torch.from_numpy(pricer.worth_expanding(depth, frontier_values)).to(device)[:, None]
+                frontier_values = [[row[slot] if alive else 0.0 for slot, alive in zip(slots, alives)]  # [B][w], 0: not expanded anyway
+                                   for row, slots, alives in zip(values, order.tolist(), live.tolist())]
+                worth = pricer.worth_expanding(depth, frontier_values)
+                if not all(worth):
+                    live &= torch.tensor(worth, device=device)[:, None]
             counts = live.sum(1).tolist()  # live nodes come first in every row; the counts reach Python (loop bounds)
             m = max(counts)
             if m == 0:
@@ -258,8 +258,8 @@ class EagleDrafter:
             ranked, order = ranked[:, :m], order[:, :m]
             if min(counts) < m:  # rows with fewer live nodes than the widest get placeholders
                 ranked = ranked.masked_fill(~live[:, :m], NEG_INF)
-            if frontier_values is not None:  # the expanded nodes' values, 0 for placeholders
-                frontier_values = frontier_values[:, :m] * live[:, :m].cpu().numpy()
+            if frontier_values is not None:  # the expanded nodes' values, 0 for placeholders and stopped rows
+                frontier_values = [row[:m] if go else [0.0] * m for row, go in zip(frontier_values, worth)]
             # gathers, not advanced indexing: at these sizes the per-call cost is what counts
             parent_slots = (order // width)[..., None]  # [B, m, 1]: row of each expanded node's parent in h
             tree_mask = torch.cat([tree_mask.gather(1, parent_slots.expand(-1, -1, tree_mask.shape[2])),

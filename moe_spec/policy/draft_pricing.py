@@ -24,13 +24,17 @@ these prices, such chains accepted less per node than a fixed chain of 3 at T = 
 candidates it is a bound, not an estimate: a level it stops is one the controller's growth could
 not verify at a profit at these prices, so it only cuts drafting that was waste. The output is unchanged
 either way: the pricer decides which candidates exist, never how they are verified.
+
+It runs in plain Python: a depth carries a few dozen values (B rows, M expanded nodes, w children
+each), where each numpy call, with the caches just evicted by a head forward, cost more than its
+arithmetic (numpy: 0.56 / 0.64 / 0.60 ms of a 4-deep draft at B = 1 / 4 / 16,
+`scripts/draft_overhead.py`).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
-
-import numpy as np
 
 
 class DepthPricer:
@@ -48,27 +52,54 @@ class DepthPricer:
         self.node_ms = node_ms  # the least a verified node costs
         self.depth_ms = depth_ms  # one head forward over every row
         self.forwards = 0
+        self._maps: dict[int, tuple[Callable[[float], float], Callable[[float], float]]] = {}  # depth -> (later, first)
 
-    def child_values(self, depth: int, parent_values: np.ndarray, log_q: np.ndarray) -> np.ndarray:
-        """parent_values [B, M] path products; log_q [B, M, w] the children's log q in rank order ->
-        [B, M, w] their calibrated path products (children at `depth`)."""
+    def child_values(self, depth: int, parent_values: list[list[float]], log_q: list[list[list[float]]]) -> list[list[float]]:
+        """parent_values [B][M] path products; log_q [B][M][w] the children's log q in rank order ->
+        [B][M*w] their calibrated path products (children at `depth`; parent m's at m*w ... m*w + w - 1)."""
         self.forwards += 1
-        q = np.exp(log_q)
-        conditional = self.calibration.conditional_map(depth)(q)  # later siblings
-        conditional[..., 0] = self.calibration.conditional_map(depth, True)(q[..., 0])  # each parent's first child
-        return parent_values[..., None] * conditional
+        later, first = self._maps_at(depth)
+        exp = math.exp
+        out = []
+        for parents, children_of in zip(parent_values, log_q):
+            row: list[float] = []
+            for value, children in zip(parents, children_of):
+                if value <= 0.0:  # no node (a placeholder, or a stopped row): nor its children
+                    row += [0.0] * len(children)
+                    continue
+                row.append(value * first(exp(children[0])))  # each parent's first child
+                row += [value * later(exp(child)) for child in children[1:]]  # later siblings
+            out.append(row)
+        return out
 
-    def worth_expanding(self, depth: int, values: np.ndarray) -> np.ndarray:
-        """values [B, M] path products of frontier nodes at depth - 1 (0: no node) -> [B] bool:
-        whether drafting row b's next depth could pay."""
-        bound = np.minimum(values * self.factor(depth - 1), 1.0)  # [B, M] at least what the controller values them at
-        bound = bound * self._best_conditional(depth)  # their children's together, at most
-        surplus = np.maximum(bound / self.rate - self.node_ms, 0.0).sum(axis=1)  # [B] ms worth of tokens at most
-        return (surplus > 0) & (surplus.sum() > self.depth_ms)
+    def worth_expanding(self, depth: int, values: list[list[float]]) -> list[bool]:
+        """values [B][M] path products of frontier nodes at depth - 1 (0: no node) -> [B]: whether
+        drafting row b's next depth could pay."""
+        factor = self.factor(depth - 1)
+        best = self._best_conditional(depth)  # their children's together, at most
+        rate, node_ms = self.rate, self.node_ms
+        surplus = []  # [B] ms worth of tokens at most
+        for row in values:
+            total = 0.0
+            for value in row:
+                if value > 0.0:
+                    gain = min(value * factor, 1.0) * best / rate - node_ms  # at least what the controller values them at
+                    if gain > 0.0:
+                        total += gain
+            surplus.append(total)
+        enough = sum(surplus) > self.depth_ms
+        return [enough and row > 0.0 for row in surplus]
+
+    def _maps_at(self, depth: int) -> tuple[Callable[[float], float], Callable[[float], float]]:
+        """(later siblings', first child's) calibrated conditional acceptance at `depth`, as functions of q."""
+        if depth not in self._maps:
+            calibration = self.calibration
+            self._maps[depth] = (calibration.conditional_map(depth).at, calibration.conditional_map(depth, True).at)
+        return self._maps[depth]
 
     def _best_conditional(self, depth: int) -> float:
         """The most a child at `depth` is accepted given its parent, by the calibration (its maps
         are non-decreasing in q, so at q = 1): no more than one child is accepted, so the children
         of a node of value v are together worth at most v times this."""
-        return min(1.0, max(self.calibration.conditional_map(depth).at(1.0),
-                            self.calibration.conditional_map(depth, True).at(1.0)))
+        later, first = self._maps_at(depth)
+        return min(1.0, max(later(1.0), first(1.0)))

@@ -3,6 +3,8 @@ drafts, never what a drafted tree holds up to there, never how it is verified.""
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 import torch
@@ -32,14 +34,16 @@ class StopAt:
 
     def child_values(self, depth, parent_values, log_q):
         self.forwards += 1
-        assert parent_values.shape == log_q.shape[:2]
-        return parent_values[..., None] * np.exp(log_q)
+        assert [len(row) for row in parent_values] == [len(row) for row in log_q]
+        return [[value * math.exp(child) for value, children in zip(parents, rows) for child in children]
+                for parents, rows in zip(parent_values, log_q)]
 
     def worth_expanding(self, depth, values):
-        self.asked.append((depth, values.copy()))
+        values = np.array(values)  # [B, M]
+        self.asked.append((depth, values))
         if self.rule is not None:
-            return self.rule(depth, values)
-        return np.array([depth <= d for d in self.depths])
+            return self.rule(depth, values).tolist()
+        return [depth <= d for d in self.depths]
 
 
 _prompt, _begun = random_prompt, begun_eagle_drafter

@@ -46,13 +46,17 @@ def test_child_values_are_the_controllers_calibrated_path_products(setup):
     # a root with three children (by score), the first of which has two children
     log_q1 = np.log(np.array([[[0.5, 0.3, 0.1]]]))  # [B=1, M=1, w=3]
     log_q2 = np.log(np.array([[[0.6, 0.2]]]))
-    level1 = pricer.child_values(1, np.ones((1, 1)), log_q1)  # [1, 1, 3]
-    level2 = pricer.child_values(2, level1[:, :, 0], log_q2)  # [1, 1, 2]
+    level1 = pricer.child_values(1, [[1.0]], log_q1.tolist())  # [1][3]
+    level2 = pricer.child_values(2, [level1[0][:1]], log_q2.tolist())  # [1][2]
     scores = np.concatenate([[0.0], log_q1[0, 0], log_q1[0, 0, 0] + log_q2[0, 0]])
     tree = DraftTree.from_lists([1, 2, 3, 4, 5, 6], [-1, 0, 0, 0, 1, 1], scores=scores.tolist())
     expected = controller._calibrated_afresh(StepForest((tree,)))
-    assert np.allclose(np.concatenate([level1[0, 0], level2[0, 0]]), expected[1:])
+    assert np.allclose(level1[0] + level2[0], expected[1:])
     assert pricer.forwards == 2
+    # rows and parents side by side, slot by slot; a parent of value 0 (a placeholder) has children of value 0
+    both = pricer.child_values(2, [[level1[0][0], 0.0], [level1[0][0], level1[0][1]]], [[log_q2[0, 0].tolist()] * 2] * 2)
+    assert np.allclose(both[0], level2[0] + [0.0, 0.0])
+    assert np.allclose(both[1][:2], level2[0]) and both[1][2] == pytest.approx(level1[0][1] / level1[0][0] * level2[0][0])
 
 
 def test_a_depth_is_drafted_only_where_its_bound_pays(setup):
@@ -63,15 +67,29 @@ def test_a_depth_is_drafted_only_where_its_bound_pays(setup):
     # surplus of a frontier node of value v: v * best / rate - node_ms (ms worth of tokens at most)
     v_pays = (1.0 + 2.5) * 0.01 / best  # alone it covers node_ms and more than depth_ms
     v_alone_short = (1.0 + 1.5) * 0.01 / best  # pays its node, not the depth
-    assert pricer.worth_expanding(2, np.array([[v_pays, 0.0]])).tolist() == [True]
-    assert pricer.worth_expanding(2, np.array([[v_alone_short, 0.0]])).tolist() == [False]
-    assert pricer.worth_expanding(2, np.array([[v_alone_short, v_alone_short]])).tolist() == [True], \
+    assert pricer.worth_expanding(2, [[v_pays, 0.0]]) == [True]
+    assert pricer.worth_expanding(2, [[v_alone_short, 0.0]]) == [False]
+    assert pricer.worth_expanding(2, [[v_alone_short, v_alone_short]]) == [True], \
         "two frontier nodes together pay for the depth"
     # a batch: a row whose frontier adds nothing stops; the others go on when together they pay
-    rows = pricer.worth_expanding(2, np.array([[v_pays, 0.0], [0.001, 0.0]]))
-    assert rows.tolist() == [True, False]
+    rows = pricer.worth_expanding(2, [[v_pays, 0.0], [0.001, 0.0]])
+    assert rows == [True, False]
     with pytest.raises(ValueError, match="rate"):
         DepthPricer(profile.calibration, lambda depth: 1.0, rate=0.0, node_ms=1.0, depth_ms=1.0)
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_the_rows_stopped_follow_the_bound_on_random_frontiers(setup, seed):
+    """Against the bound written out in numpy: row b goes on iff its frontier's surplus
+    sum_m max(0, min(v f, 1) c / rate - node_ms) is positive and all rows' together exceed depth_ms."""
+    _, _, _, profile = setup
+    rng = np.random.default_rng(seed)
+    rate, node_ms, depth_ms, factor = 0.02, 1.0, float(rng.uniform(0, 30)), float(rng.uniform(0.5, 2.0))
+    pricer = DepthPricer(profile.calibration, lambda depth: factor, rate, node_ms, depth_ms)
+    values = rng.uniform(0, 0.4, (6, 4)) * (rng.random((6, 4)) < 0.7)  # [B, M], 0: no node
+    surplus = np.maximum(np.minimum(values * factor, 1.0) * pricer._best_conditional(3) / rate - node_ms, 0).sum(1)
+    expected = ((surplus > 0) & (surplus.sum() > depth_ms)).tolist()
+    assert pricer.worth_expanding(3, values.tolist()) == expected
 
 
 def test_moe_aware_prices_depths_of_top_candidates_only_and_counts_their_forwards(setup):
