@@ -217,6 +217,9 @@ class HeadRunner:
         """Append each row's pairs (g[b] [A_b, D], target ids [A_b], A_b >= 1) causally after its
         committed columns. Returns h [B, D] of each row's last pair; `lengths` advance by A_b."""
         counts = [t.numel() for t in token_ids]
+        if min(counts) < 1:
+            raise ValueError(f"HeadRunner.extend: every row needs a pair whose h it returns, got counts {counts} "
+                             "(pairs nobody reads go in by `write`)")
         b, a = len(counts), max(counts)
         starts = self.lengths
         self.lengths = [s + c for s, c in zip(starts, counts)]

@@ -51,11 +51,14 @@ def test_runner_matches_the_head_forward(qwen):
     assert runner.lengths == [n] and runner.rows_extended == n and runner.rows_drafted == m
 
 
-@pytest.mark.parametrize("lengths", [[7, 3, 10], [6, 6]])
-def test_each_row_of_a_batch_matches_its_own_head_forward(qwen, lengths):
+@pytest.mark.parametrize("first, lengths", [(first, lengths) for first in ("extend", "write")
+                                            for lengths in ([7, 3, 10], [6, 6])] + [("write", [2, 5])])
+def test_each_row_of_a_batch_matches_its_own_head_forward(qwen, lengths, first):
     """Row b's pairs sit at its own columns, the tree rows of all rows at shared columns past the
     longest prefix: per-row masks keep the gap hidden and the padding unread (rows of one length
-    take the unmasked path)."""
+    take the unmasked path). The prefix goes in by two uneven appends, so rows start the second one
+    at different columns: `extend` then `extend`, or `write` (a prompt's pairs: keys and values
+    only, none at all for a row of two, which `extend` refuses) then `extend`."""
     target, head = qwen
     embed = target.model.get_input_embeddings()
     m = TREE.shape[0]
@@ -64,8 +67,8 @@ def test_each_row_of_a_batch_matches_its_own_head_forward(qwen, lengths):
     runner = HeadRunner(head, embed, batch=len(lengths))
     with torch.inference_mode():
         runner.refresh()
-        # two uneven appends, so rows start the second one at different columns
-        runner.extend([g[: n - 2] for (g, _), n in zip(inputs, lengths)], [ids[: n - 2] for (_, ids), n in zip(inputs, lengths)])
+        getattr(runner, first)([g[: n - 2] for (g, _), n in zip(inputs, lengths)], [ids[: n - 2] for (_, ids), n in zip(inputs, lengths)])
+        assert runner.lengths == [n - 2 for n in lengths]
         last = runner.extend([g[n - 2: n] for (g, _), n in zip(inputs, lengths)],
                              [ids[n - 2: n] for (_, ids), n in zip(inputs, lengths)])  # [B, D]
         assert runner.lengths == lengths
@@ -77,32 +80,14 @@ def test_each_row_of_a_batch_matches_its_own_head_forward(qwen, lengths):
     for b, n in enumerate(lengths):
         assert torch.allclose(last[b], expected[b][n - 1], atol=1e-5), f"row {b}"
         assert torch.allclose(rows[b], expected[b][n:], atol=1e-5), f"row {b}"
-    assert runner.rows_drafted == len(lengths) * m
+    assert runner.rows_drafted == len(lengths) * m and runner.rows_extended == sum(lengths)
 
 
-@pytest.mark.parametrize("lengths", [[7, 3, 10], [6, 6], [1, 5]])
-def test_written_pairs_then_the_last_one_match_the_head_forward(qwen, lengths):
-    """`write` (a prompt's pairs: keys and values only, rows of any length, none at all for a row)
-    followed by `extend` of each row's last pair computes what the head's forward over all the pairs
-    does, and the tree rows drafted after it too."""
+def test_extend_refuses_a_row_without_pairs(qwen):
     target, head = qwen
-    embed = target.model.get_input_embeddings()
-    m = TREE.shape[0]
-    inputs = [_inputs(target, head, n, seed=9 + b) for b, n in enumerate(lengths)]
-    expected = [_head_forward(head, embed, g, ids, n) for (g, ids), n in zip(inputs, lengths)]
-    runner = HeadRunner(head, embed, batch=len(lengths))
-    with torch.inference_mode():
+    runner = HeadRunner(head, target.model.get_input_embeddings(), batch=2)
+    g, ids = _inputs(target, head, 3, seed=1)
+    with torch.inference_mode(), pytest.raises(ValueError, match="counts \\[3, 0\\]"):
         runner.refresh()
-        runner.write([g[: n - 1] for (g, _), n in zip(inputs, lengths)], [ids[: n - 1] for (_, ids), n in zip(inputs, lengths)])
-        assert runner.lengths == [n - 1 for n in lengths]
-        last = runner.extend([g[n - 1: n] for (g, _), n in zip(inputs, lengths)],
-                             [ids[n - 1: n] for (_, ids), n in zip(inputs, lengths)])  # [B, D]
-        tree = torch.zeros(m, m).masked_fill_(~TREE, CLOSED)
-        tree_mask = torch.cat([runner.prefix_mask(lengths)[:, None].expand(-1, m, -1),
-                               tree.expand(len(lengths), m, m)], dim=2)  # [B, m, max(lengths) + m]
-        rows = runner.draft(torch.stack([g[n:] for (g, _), n in zip(inputs, lengths)]),
-                            torch.stack([ids[n:] for (_, ids), n in zip(inputs, lengths)]), lengths, tree_mask)
-    for b, n in enumerate(lengths):
-        assert torch.allclose(last[b], expected[b][n - 1], atol=1e-5), f"row {b}"
-        assert torch.allclose(rows[b], expected[b][n:], atol=1e-5), f"row {b}"
-    assert runner.lengths == lengths and runner.rows_extended == sum(lengths)
+        runner.extend([g[:3], g[:0]], [ids[:3], ids[:0]])
+
