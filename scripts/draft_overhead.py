@@ -31,6 +31,7 @@ from moe_spec.experiments.prompt_file import load_prompts
 from moe_spec.loading import load_drafter, load_target, load_tokenizer
 from moe_spec.policy.draft_pricing import DepthPricer
 from moe_spec.profile.artifact import Profile
+from moe_spec.testing.helpers import target_features
 
 ROOT = Path(__file__).resolve().parents[1]
 WAYS = ("plain", "features", "pricer", "both")
@@ -56,7 +57,7 @@ def main(argv: list[str] | None = None) -> int:
     calibration = Profile.load(ROOT / "moe_spec/assets/default_profile.json").calibration
     drafter = load_drafter("default", target)
     with torch.no_grad():
-        features = [_features(target, p[:-1]) for p in prompts]
+        features = [target_features(target, p[:-1]) for p in prompts]
     drafter.begin([p[:-1] for p in prompts], features)
     roots, depths = [int(p[-1]) for p in prompts], [args.depth] * len(prompts)
     branching = max(2, -(-args.nodes // args.depth))
@@ -86,12 +87,6 @@ def main(argv: list[str] | None = None) -> int:
                       "features_ms": round(ms["features"] - ms["plain"], 3),
                       "pricer_ms": round(ms["pricer"] - ms["plain"], 3)}))
     return 0
-
-
-def _features(target: TargetModel, tokens: torch.Tensor) -> torch.Tensor:
-    """[T, S, D] the target's feature layers for a prompt [T], as its prefill hands them to the drafter."""
-    hidden = target.model(tokens[None], output_hidden_states=True).hidden_states
-    return torch.stack([hidden[i][0] for i in target.feature_layers], dim=1)
 
 
 if __name__ == "__main__":

@@ -6,14 +6,14 @@ buffers whose first `lengths[b]` columns are exactly row b's committed pairs (fe
 position t, token t+1) whose features came from the target. `begin` writes the prompt's pairs
 (their keys and values only, `HeadRunner.write`: no one reads their h), so that the first step
 drafts as cheaply as any other; `commit` only queues a step's new pairs (fusing their features);
-`propose` runs them through the head in its first forward together with each row's pending pair (features of its last committed position, root token),
-whose output gives the root's children (only that last pair's attention and MLP are computed:
-the committed pairs' h is never read). Each further depth is one forward of the frontier nodes
-chosen for expansion in every row, written into shared columns past every row's prefix with an
-ancestor mask, all of row b's at position C_b + d - 1 for nodes at depth d - 1 (C_b = its
-committed pairs). Before returning, `lengths` go back to C: the root pairs and the drafts are
-simply overwritten by the next writes (a root pair's token is committed next, by `commit`, and
-re-queued then).
+`propose` runs them through the head in its first forward together with each row's pending pair
+(features of its last committed position, root token), whose output gives the root's children
+(only that last pair's attention and MLP are computed: the committed pairs' h is never read).
+Each further depth is one forward of the frontier nodes chosen for expansion in every row,
+written into shared columns past every row's prefix with an ancestor mask, all of row b's at
+position C_b + d - 1 for nodes at depth d - 1 (C_b = its committed pairs). Before returning,
+`lengths` go back to C: the root pairs and the drafts are simply overwritten by the next writes
+(a root pair's token is committed next, by `commit`, and re-queued then).
 
 Tree growth, as EAGLE-2's `topK_genrate`: the root's top-`w` children; at each further depth the
 `w` best nodes of the newest depth by cumulative log-probability are expanded, each into its
