@@ -1,38 +1,48 @@
 #!/usr/bin/env bash
 # scripts/gpu_check.sh OUT_DIR [--tiny]
 #
-# The GPU checks of moe_spec in one call that ends well inside 8 minutes on one H200: each step
-# runs under its own time limit (the limits add up to 8 minutes), a failed step is recorded and
-# the next one runs.
-#   1. tests             the CUDA-marked tests (tests/gpu): greedy identity with transformers and the
-#                        sampling distribution, three architectures, on CUDA (MOE_SPEC_REQUIRE_CUDA=1:
-#                        a missing CUDA fails them instead of skipping them)
-#   2. real_shape        `moe-spec make-random --shape olmoe-1b-7b` (random weights of OLMoE-1B-7B's
-#                        shapes: 16 layers, 64 experts, top-8, hidden 2048, expert intermediate 1024;
-#                        bf16, made on the GPU) and `moe-spec profile` of it with the lookup drafter,
-#                        its latency grid under forced routing: the cost model's coefficients, its
-#                        held-out error and the unique-experts curve (profile_olmoe.json)
-#   3. embedded_profile  `moe-spec profile` of the embedded pair on the GPU (profile_embedded.json): the
-#                        GPU cost model that steps 4 and 5 use
-#   4. embedded_bench    `moe-spec bench` of the embedded pair on the GPU, greedy: ar, eagle2,
-#                        static-best, truncate, moe-aware (bench_gpu.json)
-#   5. simulate          `moe-spec simulate` of the CPU bench's recorded steps (the shipped trace
-#                        analysis/results/trace_cpu_greedy.jsonl, recorded on the 2-core CPU machine)
-#                        under step 3's GPU cost model (simulate_gpu.json), labelled SIMULATION
+# The GPU checks of moe_spec in one call that ends inside 9 minutes on one H200: each step runs
+# under its own time limit (the limits add up to 530 s), a failed step is recorded and the next one
+# runs; every step writes its results into OUT_DIR as it ends. Nothing it needs is too large to
+# travel: the models are made on the device with random weights (the verify cost depends on the
+# shapes, and the profiler times its grid under forced routing), never the embedded target's weights.
+#   1. env          versions, the device, and the transformers 5.23 that moe_spec needs (env.json)
+#   2. tests        the CUDA-marked tests (tests/gpu, the device path of tests/core/test_bad_input.py):
+#                   greedy identity with transformers for the lookup and EAGLE drafters, the sampling
+#                   distribution through EAGLE trees, offloaded experts (host and disk tiers) equal to
+#                   the resident model, three architectures (MOE_SPEC_REQUIRE_CUDA=1: a missing CUDA
+#                   fails them instead of skipping them)
+#   3. olmoe        `moe-spec make-random --shape olmoe-1b-7b` (OLMoE-1B-7B's shapes: 16 layers, 64
+#                   experts, top-8, hidden 2048, expert width 1024; bf16, made on the GPU) and `moe-spec
+#                   profile` of it with the lookup drafter: the latency grid under forced routing, the
+#                   cost model's coefficients, its held-out error, the unique-experts curve
+#                   (profile_olmoe.json)
+#   4. embedded     `moe-spec profile` of a random model of the embedded target's own config in bf16
+#                   (`make-random --shape embedded`): the embedded target's cost model on this device
+#                   (profile_embedded.json), which step 5 replays the CPU trace under
+#   5. simulate     `moe-spec simulate` of the CPU bench's recorded steps (the shipped trace
+#                   analysis/results/trace_cpu_greedy.jsonl, recorded on the 2-core CPU machine) under
+#                   step 4's cost model (simulate_gpu.json), labelled SIMULATION
+#   6. qwen3        as step 3 for Qwen3-30B-A3B's layer shape in 8 of its 48 layers (128 experts, top-8,
+#                   expert width 768; profile_qwen3.json)
+#   7. offload      step 3's model profiled again with its experts offloaded to pinned host memory and 16
+#                   resident per layer (`--offload host`): the fetch cost of a miss over the host link
+#                   and the cost model with that term (profile_olmoe_offload.json)
 # OUT_DIR gets <step>.log per step, the files named above, env.json and summary.json; the last line
-# on stdout is the summary as one JSON line. Scratch (the 14 GB random model, wheels) goes under
-# $MOE_SPEC_WORK (default: a fresh temporary folder), never under OUT_DIR.
+# on stdout is the summary as one JSON line. Scratch (the random models, the expert store, wheels)
+# goes under $MOE_SPEC_WORK (default: a fresh temporary folder), never under OUT_DIR.
 #
 # --tiny: the same steps on the CPU with tiny shapes and few tokens, so that the device run cannot
-# fail on a typo (tests/scripts/test_gpu_check.py runs it).
+# fail on a typo (tests/scripts/test_gpu_check.py runs it; the host tier needs CUDA, so its tiny
+# stand-in offloads to disk).
 #
 # On the device: python3 there has torch with CUDA but an older transformers than the 5.23 moe_spec
-# needs. Carry a folder of wheels (transformers 5.23 and whatever it needs that the image lacks, see
-# /work/.library/device/README.md) and name it in MOE_SPEC_WHEELS: they are installed into
-# $MOE_SPEC_WORK/site for this run only. The tool brings back at most 8 files from $OUT, so archive:
+# needs. Carry a folder of wheels (transformers 5.23; the image has everything else it needs, see
+# docs/gpu.md) and name it in MOE_SPEC_WHEELS: they are installed into $MOE_SPEC_WORK/site for this
+# run only. The tool brings back at most 8 files from $OUT, so archive:
 #   MOE_SPEC_WHEELS=.whl scripts/gpu_check.sh /tmp/gpu_check; tar -czf $OUT/gpu_check.tar.gz -C /tmp gpu_check
 # PYTHON picks the interpreter (default: .venv/bin/python where it exists, else python3);
-# MOE_SPEC_EXPERTS the experts implementation of steps 2-4 (default grouped_mm; megablocks where installed).
+# MOE_SPEC_EXPERTS the experts implementation of steps 3-7 (default grouped_mm; megablocks where installed).
 
 set -u -o pipefail
 
@@ -62,18 +72,22 @@ export OUT TINY REPO WORK PYTHON
 rm -f "$OUT/steps.jsonl"
 
 if [[ $TINY == 1 ]]; then
-  export DEVICE=cpu SHAPE=tiny-olmoe
-  # tiny: a handful of tokens, prompts and timings; grid experts fit top-2 of 8 (random) and top-4 of 64 (embedded)
+  export DEVICE=cpu OLMOE=tiny-olmoe QWEN3=tiny-olmoe EMBEDDED=embedded DTYPE=float32 OFFLOAD_TIER=disk
+  # tiny: a handful of tokens, prompts and timings; grid experts fit top-2 of 8 (tiny) and top-4 of 64 (embedded)
   export QUICK_PROFILE="--max-prompts 2 --max-new-tokens 8 --natural-trees 4 --grid-tokens 1,4 --batch-sizes 2 \
 --repeats 1 --warmup 0 --evict-mb 0 --prefix-len 16"
-  export RANDOM_GRID="--grid-experts 2,4" EMBEDDED_GRID="--grid-experts 4,8"
-  export BENCH_SIZE="--prompts configs/bench/smoke.jsonl --limit 1 --max-new-tokens 8 --warmup-tokens 0"
+  export OLMOE_GRID="--grid-experts 2,4" QWEN3_GRID="--grid-experts 2,4" EMBEDDED_GRID="--grid-experts 4,8"
+  export OFFLOAD_PROFILE="$QUICK_PROFILE --grid-experts 2,4"
   export MOE_SPEC_TEST_THREADS=1
 else
-  export DEVICE=cuda SHAPE=olmoe-1b-7b MOE_SPEC_REQUIRE_CUDA=1
+  export DEVICE=cuda OLMOE=olmoe-1b-7b QWEN3=qwen3-30b-a3b-8l EMBEDDED=embedded DTYPE=bfloat16 OFFLOAD_TIER=host
+  export MOE_SPEC_REQUIRE_CUDA=1
   export QUICK_PROFILE="--max-prompts 8 --max-new-tokens 32 --natural-trees 24 --batch-sizes 2,4"
-  export RANDOM_GRID="--grid-experts 8,16,24,32,48,64" EMBEDDED_GRID=""
-  export BENCH_SIZE="--prompts configs/bench/heldout.jsonl --limit 2 --max-new-tokens 48 --warmup-tokens 16"
+  export OLMOE_GRID="--grid-experts 8,16,24,32,48,64" QWEN3_GRID="--grid-experts 8,16,32,64,96,128"
+  export EMBEDDED_GRID="--grid-experts 4,8,16,32,48,64"
+  # the compute terms only need to be there; the fetch term is what this step measures
+  export OFFLOAD_PROFILE="--max-prompts 4 --max-new-tokens 16 --natural-trees 4 --batch-sizes 2 --repeats 2 \
+--grid-tokens 1,8,32 --grid-experts 8,32,64"
 fi
 
 moe_spec() { "$PYTHON" -m moe_spec.cli.main "$@"; }
@@ -83,24 +97,27 @@ step_env() {
 import json, os, platform, subprocess, sys
 import torch, transformers
 env = {"python": platform.python_version(), "torch": torch.__version__, "transformers": transformers.__version__,
-       "cuda": torch.cuda.is_available(), "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None}
+       "cuda": torch.cuda.is_available(), "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
+       "gpu_memory_gib": round(torch.cuda.get_device_properties(0).total_memory / 2**30, 1) if torch.cuda.is_available() else None}
 git = subprocess.run(["git", "-C", os.environ["REPO"], "rev-parse", "HEAD"], capture_output=True, text=True)
 env["git_commit"] = git.stdout.strip() or None
 env["transformers_ok"] = tuple(int(v) for v in transformers.__version__.split(".")[:2]) >= (5, 23)
+import moe_spec  # noqa: F401  the checkout imports under this interpreter
 open(sys.argv[1], "w").write(json.dumps(env, indent=1) + "\n")
 print(json.dumps(env))
+sys.exit(0 if env["transformers_ok"] else 1)
 PY
 }
 
 step_tests() {
-  cd "$REPO" && "$PYTHON" -m pytest -q -p no:cacheprovider -rs -m gpu tests/gpu --junitxml="$OUT/tests.xml"
+  local workers=()  # the device has 16 cores and pytest-xdist: the tests share the GPU in 6 processes
+  [[ $TINY == 0 ]] && "$PYTHON" -c "import xdist" 2>/dev/null && workers=(-n 6)
+  cd "$REPO" && "$PYTHON" -m pytest -q -p no:cacheprovider -rs "${workers[@]}" -m gpu tests/gpu \
+    tests/core/test_bad_input.py --junitxml="$OUT/tests.xml"
 }
 
-step_real_shape() {
-  local model="$WORK/$SHAPE"
-  moe_spec make-random --shape "$SHAPE" --dtype bfloat16 --device "$DEVICE" --out "$model" || return
-  # prompts for a model without a tokenizer: 16 random ids repeated, so that the lookup drafter drafts
-  "$PYTHON" - "$model/config.json" "$WORK/random_prompts.jsonl" <<'PY' || return
+random_prompts() {  # random_prompts MODEL_DIR FILE: 8 prompts of 16 random ids repeated, so that the lookup drafter drafts
+  "$PYTHON" - "$1/config.json" "$2" <<'PY'
 import json, random, sys
 vocab = json.load(open(sys.argv[1]))["vocab_size"]
 rng = random.Random(0)
@@ -109,39 +126,45 @@ with open(sys.argv[2], "w") as f:
         block = [rng.randrange(3, vocab) for _ in range(16)]
         f.write(json.dumps({"class": "repeat", "prompt_ids": block * 4}) + "\n")
 PY
+}
+
+profile_random() {  # profile_random SHAPE NAME GRID...: make SHAPE on the device, profile it into OUT/profile_NAME.json
+  local shape=$1 name=$2 model="$WORK/$1"
+  shift 2
+  [[ -f $model/config.json ]] || moe_spec make-random --shape "$shape" --dtype "$DTYPE" --device "$DEVICE" --out "$model" \
+    || return
+  random_prompts "$model" "$WORK/prompts_$name.jsonl" || return
   # shellcheck disable=SC2086  # the settings are word lists
-  moe_spec profile --model "$model" --drafter lookup --prompts "$WORK/random_prompts.jsonl" \
-    --out "$OUT/profile_olmoe.json" --dtype bfloat16 --device "$DEVICE" --experts-implementation "$EXPERTS" \
-    $QUICK_PROFILE $RANDOM_GRID
+  moe_spec profile --model "$model" --drafter lookup --prompts "$WORK/prompts_$name.jsonl" \
+    --out "$OUT/profile_$name.json" --dtype "$DTYPE" --device "$DEVICE" --experts-implementation "$EXPERTS" \
+    $QUICK_PROFILE "$@"
 }
 
-step_embedded_profile() {
-  cd "$REPO" || return
-  # shellcheck disable=SC2086
-  moe_spec profile --prompts configs/bench/profile.jsonl --out "$OUT/profile_embedded.json" --device "$DEVICE" \
-    --experts-implementation "$EXPERTS" $QUICK_PROFILE $EMBEDDED_GRID
-}
-
-needs_embedded_profile() {
-  [[ -f $OUT/profile_embedded.json ]] || { echo "needs step embedded_profile's profile_embedded.json" >&2; return 3; }
-}
-
-step_embedded_bench() {
-  cd "$REPO" && needs_embedded_profile || return
-  # shellcheck disable=SC2086
-  moe_spec bench --device "$DEVICE" --experts-implementation "$EXPERTS" --temperature 0 \
-    --methods ar,eagle2,static-best,truncate,moe-aware \
-    --profile "$OUT/profile_embedded.json" --repeats 1 --no-progress --json "$OUT/bench_gpu.json" $BENCH_SIZE
-}
+# shellcheck disable=SC2086
+step_olmoe() { profile_random "$OLMOE" olmoe $OLMOE_GRID; }
+# shellcheck disable=SC2086
+step_embedded() { profile_random "$EMBEDDED" embedded $EMBEDDED_GRID; }
+# shellcheck disable=SC2086
+step_qwen3() { profile_random "$QWEN3" qwen3 $QWEN3_GRID; }
 
 step_simulate() {
-  cd "$REPO" && needs_embedded_profile || return
-  moe_spec simulate --trace analysis/results/trace_cpu_greedy.jsonl --profile "$OUT/profile_embedded.json" \
-    --cost-model profile --json "$OUT/simulate_gpu.json"
+  cd "$REPO" || return
+  [[ -f $OUT/profile_embedded.json ]] || { echo "needs step embedded's profile_embedded.json" >&2; return 3; }
+  moe_spec simulate --trace analysis/results/trace_cpu_greedy.jsonl --cost-model "$OUT/profile_embedded.json" \
+    --json "$OUT/simulate_gpu.json"
 }
 
-export -f moe_spec step_env step_tests step_real_shape step_embedded_profile needs_embedded_profile \
-  step_embedded_bench step_simulate
+step_offload() {
+  local model="$WORK/$OLMOE"
+  [[ -f $model/config.json ]] || { echo "needs step olmoe's model" >&2; return 3; }
+  # shellcheck disable=SC2086
+  moe_spec profile --model "$model" --drafter lookup --prompts "$WORK/prompts_olmoe.jsonl" \
+    --out "$OUT/profile_olmoe_offload.json" --dtype "$DTYPE" --device "$DEVICE" --experts-implementation "$EXPERTS" \
+    --offload "$OFFLOAD_TIER" --resident-experts 16 --offload-dir "$WORK/$OLMOE.store" $OFFLOAD_PROFILE
+}
+
+export -f moe_spec step_env step_tests random_prompts profile_random step_olmoe step_embedded step_qwen3 step_simulate \
+  step_offload
 
 run_step() {  # run_step NAME LIMIT_S: step_NAME under `timeout`, its output in OUT/NAME.log
   local name=$1 limit=$2 start rc
@@ -156,13 +179,14 @@ run_step() {  # run_step NAME LIMIT_S: step_NAME under `timeout`, its output in 
 }
 
 START=$(date +%s)
-# the limits add up to 480 s
-run_step env 15
-run_step tests 130
-run_step real_shape 160
-run_step embedded_profile 70
-run_step embedded_bench 90
+# the limits add up to 530 s
+run_step env 20
+run_step tests 150
+run_step olmoe 150
+run_step embedded 45
 run_step simulate 15
+run_step qwen3 90
+run_step offload 60
 
 "$PYTHON" - "$OUT" "$TINY" "$(( $(date +%s) - START ))" <<'PY'
 import json, sys

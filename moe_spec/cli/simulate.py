@@ -5,8 +5,9 @@
         --per-expert-scale 1,2,4,8 --json runs/simulate.json
 
 `--cost-model` takes a comma-separated list of `profile` (the profile's measured model),
-`analytic:DEVICE` (see `analytic_cost.DEVICES`) or a JSON file holding a cost model
-(`CostModel.to_dict`); each is run at every `--per-expert-scale` S (per-expert cost times S). Prints
+`analytic:DEVICE` (see `analytic_cost.DEVICES`), a JSON file holding a cost model
+(`CostModel.to_dict`) or a profile JSON (its measured cost model alone: e.g. one measured on another
+device for a model of the traced one's shapes, `moe-spec make-random --shape embedded`); each is run at every `--per-expert-scale` S (per-expert cost times S). Prints
 one table per cost model and scale, each followed by its gap decomposition (`bounds.decomposition`:
 how much drafting, routing prediction, calibration and selection cost, as ratios of replayed
 throughputs on the same steps), then one JSON line with a `decomposition` section (per result, and
@@ -55,7 +56,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--trace", required=True, help="JSON-lines trace written by `moe-spec bench --trace`")
     parser.add_argument("--profile", default=None, help="profile JSON (default: the one copied beside the trace)")
     parser.add_argument("--cost-model", default="profile",
-                        help="comma-separated: profile, analytic:DEVICE (" + ", ".join(DEVICES) + ") or a cost-model JSON file")
+                        help="comma-separated: profile, analytic:DEVICE (" + ", ".join(DEVICES) + "), a cost-model JSON file "
+                             "or a profile JSON (its cost model)")
     parser.add_argument("--per-expert-scale", type=_scales, default=(1.0,),
                         help="comma-separated factors for the per-expert cost, e.g. 1,2,4,8")
     parser.add_argument("--policies", default=",".join(DEFAULT_POLICIES),
@@ -171,7 +173,10 @@ def _analytic(name: str, trace: Trace, profile, args: argparse.Namespace) -> tup
 
 def _cost_model_file(path: Path, profile) -> CostModel:
     try:
-        cost = CostModel.from_dict(json.loads(path.read_text()))
+        document = json.loads(path.read_text())
+        if isinstance(document, dict) and "fingerprint" in document:  # a profile: its measured cost model
+            document = {**document["cost_model"], "source": f"profile {path.name}"}
+        cost = CostModel.from_dict(document)
     except OSError as error:
         raise InputError(f"--cost-model {path}: not 'profile', 'analytic:DEVICE' or a readable file ({error.strerror})") from None
     except (json.JSONDecodeError, KeyError, TypeError, ValueError) as error:

@@ -275,3 +275,24 @@ def test_a_profile_of_another_target_is_refused(traced, tmp_path):
     other.save(tmp_path / "other.json")
     with pytest.raises(TraceError, match="another target"):
         trace.profile(tmp_path / "other.json")
+
+
+def test_a_profile_json_gives_its_cost_model_alone(traced, capsys):
+    """`--cost-model PROFILE.json`: the measured cost model of a profile taken elsewhere (another device),
+    replayed on the trace's own calibration; a profile of another layer count is refused by name."""
+    folder, _, trace = traced
+    other = trace.profile()
+    priced = replace(other, cost_model=replace(CostModel.from_dict(PRICED), source="measured"))
+    priced.save(folder / "elsewhere.json")
+    argv = ["simulate", "--trace", str(folder / "traces" / "trace.jsonl"), "--cost-model", str(folder / "elsewhere.json")]
+    assert main(argv) == 0
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert summary["results"][0]["cost_model"] == "profile elsewhere.json"
+    direct = simulate(trace, trace.profile(), CostModel.from_dict(PRICED), ["ar", "moe-aware"])
+    assert summary["results"][0]["speedup_vs_ar"]["moe-aware"] == pytest.approx(direct["moe-aware"].figures["speedup_vs_ar"])
+    document = json.loads((folder / "elsewhere.json").read_text())
+    document["cost_model"] = {**document["cost_model"], "per_expert_ms": [0.1] * 3, "num_layers": 3}
+    (folder / "three_layers.json").write_text(json.dumps(document))
+    assert main(["simulate", "--trace", str(folder / "traces" / "trace.jsonl"), "--cost-model",
+                 str(folder / "three_layers.json")]) != 0
+    assert "3 MoE layers, the traced target 2" in capsys.readouterr().err

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "gpu_check.sh"
-STEPS = ("env", "tests", "real_shape", "embedded_profile", "embedded_bench", "simulate")
+STEPS = ("env", "tests", "olmoe", "embedded", "simulate", "qwen3", "offload")
 FILES = ("env.json", "tests.xml", "profile_olmoe.json", "profile_olmoe.npz", "profile_embedded.json",
-         "profile_embedded.npz", "bench_gpu.json", "simulate_gpu.json", "summary.json")
+         "profile_embedded.npz", "simulate_gpu.json", "profile_qwen3.json", "profile_olmoe_offload.json", "summary.json")
 
 
 @pytest.mark.slow
@@ -30,10 +30,14 @@ def test_the_tiny_gpu_check_runs_every_step_on_the_cpu(tmp_path):
     assert not (out / "tiny-olmoe").exists(), "the random model is scratch, not a result"
     simulated = json.loads((out / "simulate_gpu.json").read_text())
     assert simulated["simulation"] is True
-    bench = json.loads((out / "bench_gpu.json").read_text())
-    assert bench["config"]["device"] == "cpu"
+    assert simulated["results"][0]["cost_model"]["source"] == "profile profile_embedded.json"
+    assert {"moe-aware", "static-best", "truncate", "eagle2"} <= set(simulated["results"][0]["policies"])
+    embedded = json.loads((out / "profile_embedded.json").read_text())
+    assert embedded["fingerprint"]["model_type"] == "deepseek_v3" and embedded["cost_model"]["num_layers"] == 8
     profile = json.loads((out / "profile_olmoe.json").read_text())
-    assert profile["fingerprint"]["model_type"] == "olmoe" and profile["fingerprint"]["dtype"] == "bfloat16"
+    assert profile["fingerprint"]["model_type"] == "olmoe"
+    offloaded = json.loads((out / "profile_olmoe_offload.json").read_text())
+    assert offloaded["cost_model"]["fetch"] is not None
 
 
 @pytest.mark.slow
@@ -47,8 +51,8 @@ def test_a_failed_step_is_recorded_and_the_next_steps_still_run(tmp_path):
                           timeout=900)
     summary = json.loads(done.stdout.strip().splitlines()[-1])
     assert done.returncode == 1 and not summary["ok"]
-    assert summary["failed"] == ["real_shape", "embedded_profile", "embedded_bench", "simulate"]
+    assert summary["failed"] == ["olmoe", "embedded", "simulate", "qwen3", "offload"]
     assert summary["steps"]["tests"]["rc"] == 0
-    assert "needs the megablocks package" in (out / "real_shape.log").read_text()
-    assert "needs step embedded_profile" in (out / "simulate.log").read_text()
-    assert json.loads((out / "summary.json").read_text())["steps"][-1]["step"] == "simulate"
+    assert "needs the megablocks package" in (out / "olmoe.log").read_text()
+    assert "needs step embedded" in (out / "simulate.log").read_text()
+    assert json.loads((out / "summary.json").read_text())["steps"][-1]["step"] == "offload"

@@ -3,7 +3,7 @@
 import torch
 
 from moe_spec.core.target import TargetModel
-from moe_spec.testing.random_models import TINY_SHAPE, random_model
+from moe_spec.testing.random_models import EMBEDDED_SHAPE, TINY_SHAPE, random_model
 
 
 def test_olmoe_1b_7b_has_the_published_shapes():
@@ -18,3 +18,26 @@ def test_olmoe_1b_7b_has_the_published_shapes():
 def test_the_tiny_shape_is_a_small_model_of_the_same_architecture():
     model = random_model(TINY_SHAPE, dtype=torch.float32)
     assert model.config.model_type == "olmoe" and sum(p.numel() for p in model.parameters()) < 1e6
+
+
+def test_the_qwen3_30b_a3b_layer_shape_has_the_published_layers():
+    target = TargetModel(random_model("qwen3-30b-a3b-8l", device="meta"))
+    assert (target.num_layers, target.num_experts, target.top_k) == (8, 128, 8)
+    config = target.config
+    assert (config.hidden_size, config.moe_intermediate_size, config.head_dim) == (2048, 768, 128)
+    assert (config.num_attention_heads, config.num_key_value_heads) == (32, 4)
+    per_layer = sum(p.numel() for p in target.model.model.layers[0].parameters())
+    # Qwen3-30B-A3B: 30.5B parameters over 48 such layers beside 0.62B of embeddings and lm_head
+    assert 30.3e9 < 48 * per_layer + 2 * 151936 * 2048 < 30.7e9, per_layer
+
+
+def test_the_embedded_shape_is_the_embedded_targets_config_with_random_weights():
+    from moe_spec.loading import DEFAULT_TARGET, load_target
+
+    model = random_model(EMBEDDED_SHAPE, dtype=torch.float32)
+    embedded = load_target(DEFAULT_TARGET)
+    assert model.config.to_dict() | {"dtype": None} == embedded.config.to_dict() | {"dtype": None}
+    shapes = {name: p.shape for name, p in model.named_parameters()}
+    assert shapes == {name: p.shape for name, p in embedded.named_parameters()}
+    weight = "model.layers.0.mlp.experts.gate_up_proj"
+    assert not torch.equal(model.get_parameter(weight), embedded.get_parameter(weight))
