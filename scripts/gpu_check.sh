@@ -2,7 +2,7 @@
 # scripts/gpu_check.sh OUT_DIR [--tiny]
 #
 # The GPU checks of moe_spec in one call that ends inside 9 minutes on one H200: each step runs
-# under its own time limit (the limits add up to 530 s), a failed step is recorded and the next one
+# under its own time limit (the limits add up to 545 s), a failed step is recorded and the next one
 # runs; every step writes its results into OUT_DIR as it ends. Nothing it needs is too large to
 # travel: the models are made on the device with random weights (the verify cost depends on the
 # shapes, and the profiler times its grid under forced routing), never the embedded target's weights.
@@ -23,11 +23,11 @@
 #   5. simulate     `moe-spec simulate` of the CPU bench's recorded steps (the shipped trace
 #                   analysis/results/trace_cpu_greedy.jsonl, recorded on the 2-core CPU machine) under
 #                   step 4's cost model (simulate_gpu.json), labelled SIMULATION
-#   6. qwen3        as step 3 for Qwen3-30B-A3B's layer shape in 8 of its 48 layers (128 experts, top-8,
-#                   expert width 768; profile_qwen3.json)
-#   7. offload      step 3's model profiled again with its experts offloaded to pinned host memory and 16
-#                   resident per layer (`--offload host`): the fetch cost of a miss over the host link
-#                   and the cost model with that term (profile_olmoe_offload.json)
+#   6. qwen3        as step 3 for Qwen3-30B-A3B's layers, 8 of its 48 (`make-random --layers 8`: 128
+#                   experts, top-8, expert width 768; profile_qwen3.json)
+#   7. offload      4 of OLMoE-1B-7B's layers profiled with their experts offloaded to pinned host memory
+#                   and 16 resident per layer (`--offload host`): the fetch cost of a miss over the host
+#                   link and the cost model with that term (profile_olmoe_offload.json)
 # OUT_DIR gets <step>.log per step, the files named above, env.json and summary.json; the last line
 # on stdout is the summary as one JSON line. Scratch (the random models, the expert store, wheels)
 # goes under $MOE_SPEC_WORK (default: a fresh temporary folder), never under OUT_DIR.
@@ -72,7 +72,7 @@ export OUT TINY REPO WORK PYTHON
 rm -f "$OUT/steps.jsonl"
 
 if [[ $TINY == 1 ]]; then
-  export DEVICE=cpu OLMOE=tiny-olmoe QWEN3=tiny-olmoe EMBEDDED=embedded DTYPE=float32 OFFLOAD_TIER=disk
+  export DEVICE=cpu OLMOE=tiny-olmoe QWEN3=tiny-olmoe QWEN3_LAYERS=2 OFFLOAD_LAYERS=1 DTYPE=float32 OFFLOAD_TIER=disk
   # tiny: a handful of tokens, prompts and timings; grid experts fit top-2 of 8 (tiny) and top-4 of 64 (embedded)
   export QUICK_PROFILE="--max-prompts 2 --max-new-tokens 8 --natural-trees 4 --grid-tokens 1,4 --batch-sizes 2 \
 --repeats 1 --warmup 0 --evict-mb 0 --prefix-len 16"
@@ -80,7 +80,7 @@ if [[ $TINY == 1 ]]; then
   export OFFLOAD_PROFILE="$QUICK_PROFILE --grid-experts 2,4"
   export MOE_SPEC_TEST_THREADS=1
 else
-  export DEVICE=cuda OLMOE=olmoe-1b-7b QWEN3=qwen3-30b-a3b-8l EMBEDDED=embedded DTYPE=bfloat16 OFFLOAD_TIER=host
+  export DEVICE=cuda OLMOE=olmoe-1b-7b QWEN3=qwen3-30b-a3b QWEN3_LAYERS=8 OFFLOAD_LAYERS=4 DTYPE=bfloat16 OFFLOAD_TIER=host
   export MOE_SPEC_REQUIRE_CUDA=1
   export QUICK_PROFILE="--max-prompts 8 --max-new-tokens 32 --natural-trees 24 --batch-sizes 2,4"
   export OLMOE_GRID="--grid-experts 8,16,24,32,48,64" QWEN3_GRID="--grid-experts 8,16,32,64,96,128"
@@ -128,24 +128,26 @@ with open(sys.argv[2], "w") as f:
 PY
 }
 
-profile_random() {  # profile_random SHAPE NAME GRID...: make SHAPE on the device, profile it into OUT/profile_NAME.json
-  local shape=$1 name=$2 model="$WORK/$1"
-  shift 2
-  [[ -f $model/config.json ]] || moe_spec make-random --shape "$shape" --dtype "$DTYPE" --device "$DEVICE" --out "$model" \
-    || return
-  random_prompts "$model" "$WORK/prompts_$name.jsonl" || return
-  # shellcheck disable=SC2086  # the settings are word lists
-  moe_spec profile --model "$model" --drafter lookup --prompts "$WORK/prompts_$name.jsonl" \
-    --out "$OUT/profile_$name.json" --dtype "$DTYPE" --device "$DEVICE" --experts-implementation "$EXPERTS" \
-    $QUICK_PROFILE "$@"
+make_random() {  # make_random SHAPE LAYERS NAME: a random model of SHAPE (LAYERS: all, or the first N) in WORK/NAME
+  local model="$WORK/$3" layers=()
+  [[ $2 == all ]] || layers=(--layers "$2")
+  moe_spec make-random --shape "$1" "${layers[@]}" --dtype "$DTYPE" --device "$DEVICE" --out "$model" || return
+  random_prompts "$model" "$WORK/prompts_$3.jsonl"
 }
 
+profile_random() {  # profile_random NAME OPTION...: profile WORK/NAME into OUT/profile_NAME.json
+  local name=$1
+  shift
+  moe_spec profile --model "$WORK/$name" --drafter lookup --prompts "$WORK/prompts_$name.jsonl" \
+    --out "$OUT/profile_$name.json" --dtype "$DTYPE" --device "$DEVICE" --experts-implementation "$EXPERTS" "$@"
+}
+
+# shellcheck disable=SC2086  # the settings are word lists
+step_olmoe() { make_random "$OLMOE" all olmoe && profile_random olmoe $QUICK_PROFILE $OLMOE_GRID; }
 # shellcheck disable=SC2086
-step_olmoe() { profile_random "$OLMOE" olmoe $OLMOE_GRID; }
+step_embedded() { make_random embedded all embedded && profile_random embedded $QUICK_PROFILE $EMBEDDED_GRID; }
 # shellcheck disable=SC2086
-step_embedded() { profile_random "$EMBEDDED" embedded $EMBEDDED_GRID; }
-# shellcheck disable=SC2086
-step_qwen3() { profile_random "$QWEN3" qwen3 $QWEN3_GRID; }
+step_qwen3() { make_random "$QWEN3" "$QWEN3_LAYERS" qwen3 && profile_random qwen3 $QUICK_PROFILE $QWEN3_GRID; }
 
 step_simulate() {
   cd "$REPO" || return
@@ -154,17 +156,15 @@ step_simulate() {
     --json "$OUT/simulate_gpu.json"
 }
 
-step_offload() {
-  local model="$WORK/$OLMOE"
-  [[ -f $model/config.json ]] || { echo "needs step olmoe's model" >&2; return 3; }
+step_offload() {  # OLMoE's layers (4 of them: a 3.2 GB expert store rather than 13 GB, the same cost per expert)
+  make_random "$OLMOE" "$OFFLOAD_LAYERS" olmoe_offload || return
   # shellcheck disable=SC2086
-  moe_spec profile --model "$model" --drafter lookup --prompts "$WORK/prompts_olmoe.jsonl" \
-    --out "$OUT/profile_olmoe_offload.json" --dtype "$DTYPE" --device "$DEVICE" --experts-implementation "$EXPERTS" \
-    --offload "$OFFLOAD_TIER" --resident-experts 16 --offload-dir "$WORK/$OLMOE.store" $OFFLOAD_PROFILE
+  profile_random olmoe_offload --offload "$OFFLOAD_TIER" --resident-experts 16 --offload-dir "$WORK/olmoe_offload.store" \
+    $OFFLOAD_PROFILE
 }
 
-export -f moe_spec step_env step_tests random_prompts profile_random step_olmoe step_embedded step_qwen3 step_simulate \
-  step_offload
+export -f moe_spec step_env step_tests random_prompts make_random profile_random step_olmoe step_embedded step_qwen3 \
+  step_simulate step_offload
 
 run_step() {  # run_step NAME LIMIT_S: step_NAME under `timeout`, its output in OUT/NAME.log
   local name=$1 limit=$2 start rc
@@ -179,14 +179,14 @@ run_step() {  # run_step NAME LIMIT_S: step_NAME under `timeout`, its output in 
 }
 
 START=$(date +%s)
-# the limits add up to 530 s
+# the limits add up to 545 s
 run_step env 20
 run_step tests 150
 run_step olmoe 150
 run_step embedded 45
 run_step simulate 15
 run_step qwen3 90
-run_step offload 60
+run_step offload 75
 
 "$PYTHON" - "$OUT" "$TINY" "$(( $(date +%s) - START ))" <<'PY'
 import json, sys

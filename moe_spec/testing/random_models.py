@@ -23,10 +23,9 @@ REAL_SHAPES: dict[str, tuple[str, dict]] = {
         rope_parameters={"rope_type": "default", "rope_theta": 10000.0}, rms_norm_eps=1e-5, norm_topk_prob=False,
         tie_word_embeddings=False, bos_token_id=None, eos_token_id=50279, pad_token_id=1,
     )),
-    # Qwen/Qwen3-30B-A3B's layer shape (128 experts of width 768, top-8, GQA 32/4 heads of 128) in 8 of
-    # its 48 layers: every per-layer and per-expert cost is the real model's, and it saves in ~11 GB
-    "qwen3-30b-a3b-8l": ("qwen3_moe", dict(
-        vocab_size=151936, hidden_size=2048, intermediate_size=6144, moe_intermediate_size=768, num_hidden_layers=8,
+    # Qwen/Qwen3-30B-A3B: 30.5B parameters, 3.3B active per token (61 GB in bf16: `layers` keeps fewer)
+    "qwen3-30b-a3b": ("qwen3_moe", dict(
+        vocab_size=151936, hidden_size=2048, intermediate_size=6144, moe_intermediate_size=768, num_hidden_layers=48,
         num_attention_heads=32, num_key_value_heads=4, head_dim=128, num_experts=128, num_experts_per_tok=8,
         decoder_sparse_step=1, mlp_only_layers=[], norm_topk_prob=True, max_position_embeddings=40960,
         rope_parameters={"rope_type": "default", "rope_theta": 1000000.0}, rms_norm_eps=1e-6,
@@ -40,26 +39,36 @@ EMBEDDED_SHAPE = "embedded"
 SHAPES = (*REAL_SHAPES, EMBEDDED_SHAPE, TINY_SHAPE)
 
 
-def shape_config(shape: str) -> PretrainedConfig:
-    """The transformers config of a named shape."""
+def shape_config(shape: str, layers: int | None = None) -> PretrainedConfig:
+    """The transformers config of a named shape; `layers`: keep only the first that many decoder
+    layers (each layer's shapes, and so its per-token and per-expert cost, stay the real model's)."""
     if shape == TINY_SHAPE:
-        return AutoConfig.for_model("olmoe", **TINY_CONFIGS["olmoe"])
-    if shape == EMBEDDED_SHAPE:
+        config = AutoConfig.for_model("olmoe", **TINY_CONFIGS["olmoe"])
+    elif shape == EMBEDDED_SHAPE:
         from moe_spec.loading import DEFAULT_TARGET
 
-        return AutoConfig.from_pretrained(DEFAULT_TARGET)
-    if shape not in REAL_SHAPES:
+        config = AutoConfig.from_pretrained(DEFAULT_TARGET)
+    elif shape in REAL_SHAPES:
+        model_type, keys = REAL_SHAPES[shape]
+        config = AutoConfig.for_model(model_type, **keys)
+    else:
         raise ValueError(f"unknown shape {shape!r}; known: {', '.join(SHAPES)}")
-    model_type, keys = REAL_SHAPES[shape]
-    return AutoConfig.for_model(model_type, **keys)
+    if layers is not None:
+        if not 1 <= layers <= config.num_hidden_layers:
+            raise ValueError(f"layers must be in [1, {config.num_hidden_layers}] for {shape}, got {layers}")
+        config.num_hidden_layers = layers
+        if isinstance(getattr(config, "layer_types", None), list):  # one entry per layer: keep the first ones
+            config.layer_types = config.layer_types[:layers]
+    return config
 
 
 def random_model(shape: str, dtype: torch.dtype = torch.bfloat16, device: str | torch.device = "cpu",
-                 seed: int = 0) -> PreTrainedModel:
-    """A randomly initialised causal LM of `shape`, created directly on `device` ("meta": shapes only), in eval mode."""
-    if shape == TINY_SHAPE:
+                 seed: int = 0, layers: int | None = None) -> PreTrainedModel:
+    """A randomly initialised causal LM of `shape` (its first `layers` decoder layers; None: all),
+    created directly on `device` ("meta": shapes only), in eval mode."""
+    if shape == TINY_SHAPE and layers is None:
         return tiny_model("olmoe", seed=seed, dtype=dtype).to(device)
-    config = shape_config(shape)
+    config = shape_config(shape, layers)
     with torch.random.fork_rng(), torch.device(device):  # seeded without touching the caller's RNG
         torch.manual_seed(seed)
         model = AutoModelForCausalLM.from_config(config, attn_implementation="sdpa", dtype=dtype)

@@ -20,15 +20,25 @@ def test_the_tiny_shape_is_a_small_model_of_the_same_architecture():
     assert model.config.model_type == "olmoe" and sum(p.numel() for p in model.parameters()) < 1e6
 
 
-def test_the_qwen3_30b_a3b_layer_shape_has_the_published_layers():
-    target = TargetModel(random_model("qwen3-30b-a3b-8l", device="meta"))
+def test_qwen3_30b_a3b_has_the_published_shapes_and_keeps_them_in_fewer_layers():
+    full = random_model("qwen3-30b-a3b", device="meta")
+    assert 30.3e9 < sum(p.numel() for p in full.parameters()) < 30.7e9  # Qwen3-30B-A3B: 30.5B parameters
+    target = TargetModel(random_model("qwen3-30b-a3b", device="meta", layers=8))
     assert (target.num_layers, target.num_experts, target.top_k) == (8, 128, 8)
     config = target.config
     assert (config.hidden_size, config.moe_intermediate_size, config.head_dim) == (2048, 768, 128)
     assert (config.num_attention_heads, config.num_key_value_heads) == (32, 4)
-    per_layer = sum(p.numel() for p in target.model.model.layers[0].parameters())
-    # Qwen3-30B-A3B: 30.5B parameters over 48 such layers beside 0.62B of embeddings and lm_head
-    assert 30.3e9 < 48 * per_layer + 2 * 151936 * 2048 < 30.7e9, per_layer
+    layer = {name: p.shape for name, p in target.model.model.layers[7].named_parameters()}
+    assert layer == {name: p.shape for name, p in full.model.layers[7].named_parameters()}
+
+
+def test_make_random_refuses_more_layers_than_the_shape_has(tmp_path, capsys):
+    from moe_spec.cli.main import main
+
+    assert main(["make-random", "--shape", "tiny-olmoe", "--layers", "9", "--out", str(tmp_path / "m")]) != 0
+    assert "--layers" in capsys.readouterr().err and not (tmp_path / "m").exists()
+    assert main(["make-random", "--shape", "tiny-olmoe", "--layers", "1", "--out", str(tmp_path / "m")]) == 0
+    assert '"layers": 1' in capsys.readouterr().out
 
 
 def test_the_embedded_shape_is_the_embedded_targets_config_with_random_weights():
