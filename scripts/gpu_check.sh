@@ -41,6 +41,7 @@
 # docs/gpu.md) and name it in MOE_SPEC_WHEELS: they are installed into $MOE_SPEC_WORK/site for this
 # run only. The tool brings back at most 8 files from $OUT, so archive:
 #   MOE_SPEC_WHEELS=.whl scripts/gpu_check.sh /tmp/gpu_check; tar -czf $OUT/gpu_check.tar.gz -C /tmp gpu_check
+# GPU_CHECK_STEPS="env olmoe ..." runs only the steps named (a second call after a failed step);
 # PYTHON picks the interpreter (default: .venv/bin/python where it exists, else python3);
 # MOE_SPEC_EXPERTS the experts implementation of steps 3-7 (default grouped_mm; megablocks where installed).
 
@@ -168,6 +169,7 @@ export -f moe_spec step_env step_tests random_prompts make_random profile_random
 
 run_step() {  # run_step NAME LIMIT_S: step_NAME under `timeout`, its output in OUT/NAME.log
   local name=$1 limit=$2 start rc
+  [[ " ${GPU_CHECK_STEPS:-$name} " == *" $name "* ]] || return 0
   start=$(date +%s%N)
   echo "== $name (at most ${limit}s)" >&2
   timeout --kill-after=5 "$limit" bash -c "step_$name" >"$OUT/$name.log" 2>&1

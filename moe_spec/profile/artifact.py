@@ -58,6 +58,20 @@ class ProfileError(MoeSpecError):
     """A profile file that cannot be used for this target: missing, corrupt, too new, or another model's."""
 
 
+def hash_sample(tensor: torch.Tensor) -> torch.Tensor:
+    """[<= 4096] evenly spaced values of `tensor` (all of them when it has fewer).
+
+    The positions are a float32 linspace, as profiles have always been hashed; past 2**24 elements
+    float32 rounds the last position up to one past the end for some sizes (OLMoE-1B-7B's expert
+    tensors), so positions are clamped to the last element, which leaves every smaller tensor's
+    sample, and so every existing fingerprint, unchanged."""
+    flat = tensor.detach().reshape(-1)
+    if flat.numel() <= _HASH_ELEMENTS:
+        return flat
+    positions = torch.linspace(0, flat.numel() - 1, _HASH_ELEMENTS).long()  # on the CPU, as always
+    return flat[positions.clamp_(max=flat.numel() - 1)]
+
+
 def fingerprint(model) -> dict:
     """Architecture, shapes, dtype and a weights hash identifying a target (`PreTrainedModel` or `TargetModel`).
 
@@ -76,11 +90,8 @@ def fingerprint(model) -> dict:
     routers = find_routers(model)
     digest = hashlib.sha256()
     for name, tensor in sorted(model.state_dict().items()):
-        flat = tensor.detach().reshape(-1)
-        if flat.numel() > _HASH_ELEMENTS:
-            flat = flat[torch.linspace(0, flat.numel() - 1, _HASH_ELEMENTS).long()]
         digest.update(f"{name}:{tuple(tensor.shape)};".encode())
-        digest.update(flat.to(device="cpu", dtype=torch.float32).contiguous().numpy().tobytes())
+        digest.update(hash_sample(tensor).to(device="cpu", dtype=torch.float32).contiguous().numpy().tobytes())
     return {
         "model_type": str(config.model_type),
         "num_layers": int(config.num_hidden_layers),

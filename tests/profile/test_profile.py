@@ -218,3 +218,18 @@ def _edit(text: str, change) -> str:
     document = json.loads(text)
     change(document)
     return json.dumps(document)
+
+
+def test_the_weights_hash_samples_in_bounds_past_float32s_exact_integers():
+    """2**25 + 4 elements: a float32 linspace puts its last position at 2**25 + 4, one past the end
+    (OLMoE-1B-7B's expert tensors hit this on the GPU); the sample ends at the last element."""
+    from moe_spec.profile.artifact import hash_sample
+
+    size = 2**25 + 4
+    assert int(torch.linspace(0, size - 1, 4096).long()[-1]) == size  # what the clamp is for
+    tensor = torch.arange(size, dtype=torch.int32)
+    sample = hash_sample(tensor)
+    assert sample.shape == (4096,) and int(sample[0]) == 0 and int(sample[-1]) == size - 1
+    small = torch.arange(5000, dtype=torch.int32)
+    assert torch.equal(hash_sample(small), small[torch.linspace(0, 4999, 4096).long()])
+    assert torch.equal(hash_sample(small[:100]), small[:100])
