@@ -2,8 +2,9 @@
 
 One small record per architecture instead of a dispatch ladder: the class name of the router
 module (every transformers 5.23 router returns `(router_logits, topk_weights, topk_indices)`),
-whether the model needs eager attention, and whether it has sliding-window layers that need
-the dict form of the attention mask.
+whether the model needs eager attention, and whether its forward takes the attention mask as a
+dict keyed by layer type (`config.layer_types`), which is how it applies a sliding window to
+some layers only. The others apply `config.sliding_window`, when set, to every layer.
 """
 
 from __future__ import annotations
@@ -20,7 +21,9 @@ class ArchitectureSpec:
     model_type: str
     router_class: str | None  # None: dense model, nothing to route
     needs_eager_attention: bool = False
-    has_sliding_layers: bool = False
+    # the forward accepts {"full_attention": mask, "sliding_attention": mask} and hands each layer
+    # the mask of its `config.layer_types` entry; without it, one mask serves every layer
+    mask_by_layer_type: bool = False
 
     @property
     def is_moe(self) -> bool:
@@ -29,18 +32,18 @@ class ArchitectureSpec:
 
 _SPECS = (
     ArchitectureSpec("mixtral", "MixtralTopKRouter"),
-    ArchitectureSpec("qwen2_moe", "Qwen2MoeTopKRouter"),
+    ArchitectureSpec("qwen2_moe", "Qwen2MoeTopKRouter", mask_by_layer_type=True),
     ArchitectureSpec("qwen3_moe", "Qwen3MoeTopKRouter"),
     ArchitectureSpec("olmoe", "OlmoeTopKRouter"),
     ArchitectureSpec("deepseek_v3", "DeepseekV3TopkRouter"),
     # GPT-OSS has no SDPA path (attention sinks) and alternates sliding / full layers.
-    ArchitectureSpec("gpt_oss", "GptOssTopKRouter", needs_eager_attention=True, has_sliding_layers=True),
+    ArchitectureSpec("gpt_oss", "GptOssTopKRouter", needs_eager_attention=True, mask_by_layer_type=True),
     ArchitectureSpec("phimoe", "PhimoeTopKRouter"),
     # Dense targets are fine: they simply have no experts to price.
     ArchitectureSpec("llama", None),
     ArchitectureSpec("mistral", None),
-    ArchitectureSpec("qwen2", None),
-    ArchitectureSpec("qwen3", None),
+    ArchitectureSpec("qwen2", None, mask_by_layer_type=True),
+    ArchitectureSpec("qwen3", None, mask_by_layer_type=True),
 )
 SUPPORTED_ARCHITECTURES: dict[str, ArchitectureSpec] = {spec.model_type: spec for spec in _SPECS}
 

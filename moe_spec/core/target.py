@@ -4,8 +4,11 @@
 whose visibility is given by a tree mask. It passes the model's own forward a float additive
 4D mask `[B, 1, N, P + N]` (a bool mask is silently wrong under eager attention) and
 `position_ids = P + depth`, and returns the logits, the hidden states a drafter needs and the
-routing of the N tokens. Sliding-window layers (GPT-OSS) get the dict form of the mask with
-the window applied, since moe_spec keeps full caches (see `kv_cache.py`).
+routing of the N tokens. A config's sliding window is applied as transformers applies it
+(`AttentionWindow`): to every layer (Mistral, Mixtral, PhiMoE, Qwen3-MoE), or, through the dict
+form of the mask, to the layers `config.layer_types` marks sliding (GPT-OSS, Qwen2-MoE). The
+window is part of the mask because a 4D mask passed in is used as it is, and because moe_spec
+keeps full caches (see `kv_cache.py`).
 
 A plain autoregressive step (one new token that sees every cached column) needs no mask: the
 model's own causal mask is the same, so none is built and attention runs unmasked, as in
@@ -44,6 +47,26 @@ class TargetOutput:
     features: torch.Tensor | None  # [B, N, S, D]: hidden states of the S feature layers; None when not asked for
     routing: Routing  # experts [L, B*N, K], tokens in row-major (b, n) order
     fetch: FetchCounts | None = None  # None: the experts are not offloaded
+
+
+@dataclass(frozen=True)
+class AttentionWindow:
+    """A sliding window as transformers' masks apply it: query position i sees key position j only
+    when i - j < size (`masking_utils.sliding_window_overlay`)."""
+
+    size: int
+    by_layer_type: bool  # only the layers `config.layer_types` marks "sliding_attention" slide (dict mask)
+
+    @staticmethod
+    def of(config, spec: ArchitectureSpec) -> "AttentionWindow | None":
+        """The window `config` gives this architecture, None where no layer slides."""
+        size = getattr(config, "sliding_window", None)
+        if not size:
+            return None
+        if spec.mask_by_layer_type:
+            sliding = "sliding_attention" in (getattr(config, "layer_types", None) or ())
+            return AttentionWindow(int(size), True) if sliding else None
+        return AttentionWindow(int(size), False)
 
 
 def default_feature_layers(num_layers: int) -> tuple[int, ...]:
@@ -85,7 +108,12 @@ class TargetModel:
         self.routers = find_routers(model, self.spec)
         self.vocab_size = int(model.get_input_embeddings().num_embeddings)
         self.max_positions = int(getattr(self.config, "max_position_embeddings", 0) or 0) or None
-        self.sliding_window = getattr(self.config, "sliding_window", None) if self.spec.has_sliding_layers else None
+        self.window = AttentionWindow.of(self.config, self.spec)
+
+    @property
+    def sliding_window(self) -> int | None:
+        """Keys a sliding layer's query sees, itself included; None where no layer slides."""
+        return self.window.size if self.window is not None else None
 
     @property
     def device(self) -> torch.device:
@@ -138,17 +166,18 @@ class TargetModel:
         if prefix_valid.shape != (batch, prefix_len):
             raise ValueError(f"prefix_valid has shape {tuple(prefix_valid.shape)}, expected {(batch, prefix_len)}")
         visible = torch.cat([prefix_valid[:, None, :].expand(batch, n, prefix_len), tree_mask], dim=-1)  # [B, N, P+N]
-        if n == 1 and bool(visible.all()) and (self.sliding_window is None or prefix_len + 1 <= self.sliding_window):
+        window = self.window
+        if n == 1 and bool(visible.all()) and (window is None or prefix_len + 1 <= window.size):
             attention_mask = None  # one token seeing every column: the model's causal mask hides nothing either
-        else:
+        elif window is None:
             attention_mask = self._additive(visible)
-        if attention_mask is not None and self.sliding_window is not None:
+        else:
+            # positions of the cached keys count the row's valid columns (left padding and holes skipped)
             key_positions = torch.cat([prefix_valid.long().cumsum(-1) - 1, position_ids.cpu()], dim=-1)  # [B, P+N]
-            in_window = (position_ids.cpu()[:, :, None] - key_positions[:, None, :]) < self.sliding_window
-            attention_mask = {
-                "full_attention": attention_mask,
-                "sliding_attention": self._additive(visible & in_window),
-            }
+            in_window = (position_ids.cpu()[:, :, None] - key_positions[:, None, :]) < window.size  # [B, N, P+N]
+            sliding = self._additive(visible & in_window)
+            attention_mask = ({"full_attention": self._additive(visible), "sliding_attention": sliding}
+                              if window.by_layer_type else sliding)
         device = self.device
         before = self.offload.counters.copy() if self.offload is not None else None
         with RoutingRecorder(self.model, self.spec, self.routers) as recorder:

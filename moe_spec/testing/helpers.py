@@ -22,6 +22,13 @@ def hf_greedy(model, prompt: list[int], max_new_tokens: int) -> torch.Tensor:
     return out.cpu()
 
 
+def assert_speculated(stats) -> None:
+    """Drafts were verified and some accepted (a step made more tokens than it had rows): a lossless
+    comparison where nothing was speculated would compare plain decoding with itself."""
+    assert sum(step.tree_size for step in stats.steps) > 0, "no drafted node was verified"
+    assert any(step.accepted_length > step.rows for step in stats.steps), "no drafted token was accepted"
+
+
 def exact_distribution_of_tokens_2_and_3(model, prompt: list[int], vocab: int, config) -> torch.Tensor:
     """[V, V] P(x2, x3 | prompt) = sum over x1 of P(x1) P(x2 | x1) P(x3 | x1, x2), by enumeration
     (forwards on the model's device, probabilities on the host; `config`: a `SamplingConfig`)."""

@@ -44,9 +44,30 @@ TINY_CONFIGS: dict[str, dict] = {
     "phimoe": {**_COMMON, **_MOE, "intermediate_size": 32, "num_local_experts": 8},
     "qwen3": {**_COMMON, "intermediate_size": 64, "head_dim": 8},
     "llama": {**_COMMON, "intermediate_size": 64},
+    "mistral": {**_COMMON, "intermediate_size": 64, "sliding_window": None},
 }
 MOE_ARCHITECTURES = ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "deepseek_v3", "gpt_oss", "phimoe")
 DENSE_ARCHITECTURES = ("qwen3", "llama")
+
+# The config keys that give each architecture able to carry one a sliding window of `window` tokens,
+# as published checkpoints set them: one window on every layer (Mistral, whose config defaults to
+# 4096, Mixtral, PhiMoE, Qwen3-MoE), or on the layers `layer_types` marks sliding (Qwen2-MoE from
+# `max_window_layers` on, GPT-OSS every other layer).
+def sliding_window_overrides(model_type: str, window: int) -> dict:
+    """Config overrides giving a tiny `model_type` a sliding window (see above)."""
+    if model_type in ("mistral", "mixtral", "phimoe"):
+        return {"sliding_window": window}
+    if model_type == "qwen3_moe":
+        return {"use_sliding_window": True, "sliding_window": window}
+    if model_type == "qwen2_moe":  # layer 0 full, layer 1 sliding
+        return {"use_sliding_window": True, "sliding_window": window, "max_window_layers": 1,
+                "layer_types": ["full_attention", "sliding_attention"]}
+    if model_type == "gpt_oss":
+        return {"sliding_window": window}
+    raise ValueError(f"{model_type!r} carries no sliding window")
+
+
+WINDOWED_ARCHITECTURES = ("mistral", "mixtral", "phimoe", "qwen3_moe", "qwen2_moe", "gpt_oss")
 
 
 def tiny_model(
@@ -67,3 +88,25 @@ def tiny_model(
                 if param.dim() >= 2:
                     param.normal_(0.0, 0.2 if "embed" in name or "lm_head" in name else 0.1)
     return model.eval()
+
+
+# Features of published MoE configs that the plain tiny configs leave off, each as (architecture,
+# overrides): DeepSeek-V3/R1 (and GLM-4.5) start with dense layers, route within groups of experts
+# and project queries through a LoRA; Qwen2/3-MoE checkpoints may keep some layers dense
+# (`mlp_only_layers`) or make only every n-th layer sparse (`decoder_sparse_step`). Dense layers
+# inside the stack shift every MoE layer's index away from its decoder layer's.
+REAL_FEATURE_VARIANTS: dict[str, tuple[str, dict]] = {
+    "deepseek_v3-dense-first-grouped": ("deepseek_v3", dict(
+        num_hidden_layers=4, first_k_dense_replace=2, n_group=4, topk_group=2, q_lora_rank=16,
+        topk_method="noaux_tc")),
+    "qwen3_moe-mlp-only": ("qwen3_moe", dict(num_hidden_layers=3, mlp_only_layers=[0])),
+    "qwen2_moe-sparse-step": ("qwen2_moe", dict(num_hidden_layers=4, decoder_sparse_step=2)),
+}
+
+
+def tiny_variant(name: str, seed: int = 0, **overrides) -> PreTrainedModel:
+    """A tiny model with one of `REAL_FEATURE_VARIANTS`' features on."""
+    if name not in REAL_FEATURE_VARIANTS:
+        raise ValueError(f"no variant {name!r}; have {sorted(REAL_FEATURE_VARIANTS)}")
+    model_type, features = REAL_FEATURE_VARIANTS[name]
+    return tiny_model(model_type, seed=seed, **{**features, **overrides})
