@@ -1,7 +1,6 @@
 """The analysis notebooks run top to bottom on real (tiny-model) profile and bench output, and draw."""
 
 import json
-import os
 from pathlib import Path
 
 import nbclient
@@ -75,7 +74,10 @@ def test_notebook_runs_and_draws(notebook, figures, results, tmp_path, monkeypat
     monkeypatch.setenv("MOE_SPEC_FIGURES", str(tmp_path / "figures"))
     monkeypatch.setenv("MPLBACKEND", "Agg")
     book = nbformat.read(ANALYSIS / f"{notebook}.ipynb", as_version=4)
+    # one cell more, run after the notebook's own: the folder the notebook read its results from
+    book.cells.append(nbformat.v4.new_code_cell("print('results from', RESULTS.resolve())"))
     nbclient.NotebookClient(book, timeout=180, kernel_name="python3", resources={"metadata": {"path": str(ANALYSIS)}}).execute()
     for name in figures:
         assert (tmp_path / "figures" / name).stat().st_size > 1000, name
-    assert os.environ["MOE_SPEC_RESULTS"] == str(results)
+    printed = "".join(output.get("text", "") for output in book.cells[-1].outputs)
+    assert printed.strip() == f"results from {results.resolve()}", "the notebook read this run's results, not the shipped ones"

@@ -46,7 +46,8 @@ def test_demo_runs_ar_and_the_eagle_tree_side_by_side(tiny_pair, capsys):
     assert summary["identical_to_ar"] is True
     assert summary["methods"]["ar"]["speedup_vs_ar"] == 1.0
     assert summary["methods"]["ar"]["mean_accept_len"] == 1.0
-    assert summary["methods"]["eagle2"]["mean_accept_len"] >= 1.0
+    # the decisive random head drafts some tokens the target accepts: the tree was verified, not skipped
+    assert summary["methods"]["eagle2"]["mean_accept_len"] > 1.0
 
 
 def test_missing_embedded_pair_is_a_clear_error(tmp_path, monkeypatch, capsys):

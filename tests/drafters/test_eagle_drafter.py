@@ -395,7 +395,7 @@ def _batch_and_alone(target, head, prompts):
 
 
 def _assert_same_trees(batched, alone):
-    for b, (mine, theirs) in enumerate(zip(batched, alone)):
+    for b, (mine, theirs) in enumerate(zip(batched, alone, strict=True)):
         assert torch.equal(mine.tokens, theirs.tokens), f"row {b}"
         assert torch.equal(mine.parents, theirs.parents), f"row {b}"
         assert torch.allclose(mine.scores, theirs.scores, atol=1e-4), f"row {b}"
@@ -471,7 +471,7 @@ def test_each_rows_node_features_are_those_it_gets_alone(qwen):
     batched = batch.propose(roots, budget, [4, 2, 4], greedy)
     alone = [_alone(d, r, budget, depth, greedy) for d, r, depth in zip(singles, roots, [4, 2, 4])]
     _assert_same_trees(batched, alone)
-    for mine, theirs in zip(batched, alone):
+    for mine, theirs in zip(batched, alone, strict=True):
         assert mine.node_features.shape == theirs.node_features.shape
         assert torch.allclose(mine.node_features, theirs.node_features, atol=1e-5)
 

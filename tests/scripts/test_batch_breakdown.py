@@ -24,8 +24,8 @@ def test_the_split_covers_the_decoding_and_checks_the_controllers_model(capsys):
         assert 0.8 < covered <= 1.0 + 1e-6, f"{name}: steps and prefill are nearly all of the time"
     assert report["methods"]["ar"]["plain_steps"] == 1.0
     mine = report["methods"]["moe-aware"]
-    if "checked_steps" in mine:
-        assert mine["produced_tokens"] >= 3 * mine["checked_steps"], "every row makes a token a step"
+    assert mine.get("checked_steps", 0) > 0, "moe-aware speculated on some full-batch step, and the check ran on it"
+    assert mine["produced_tokens"] >= 3 * mine["checked_steps"], "every row makes a token a step"
 
 
 def test_one_pass_is_refused():
