@@ -66,12 +66,22 @@ def routed_experts(reference, input_ids: torch.Tensor, attention_mask: torch.Ten
     return [sorted(set(layer.reshape(-1).tolist())) for layer in experts]
 
 
-def assert_same_logits(got: torch.Tensor, want: torch.Tensor, arch: str, message: str = "") -> None:
-    """Bit-identical logits, except GPT-OSS's, equal up to float rounding: on some CPUs its
-    offloaded experts come out 5e-7 from the reference (bit-exact on the machine these tests were
-    written on; the code that landed shows it too, so the kernel path, not a change, moved it;
-    cause not yet found); greedy decoding stays token-identical (test_offload_lossless)."""
-    if arch == "gpt_oss":
-        torch.testing.assert_close(got, want, rtol=0, atol=1e-5, msg=message or None)
+def assert_same_logits(got: torch.Tensor, want: torch.Tensor, arch: str, message: str = "",
+                       streamed: bool = True) -> None:
+    """Bit-identical logits, except GPT-OSS's when a pass may have computed its rows chunk by chunk
+    (`streamed`: more experts needed than the cache holds, or the eager base, which always goes row by
+    row), which match to float rounding.
+
+    The cause: transformers computes GPT-OSS's gate (`GptOssExperts._apply_gate`) with `torch.sigmoid`
+    over interleaved slices of the gate/up projection (`gate_up[..., ::2]`, a strided view), and on
+    the CPU that kernel rounds an element differently depending on how many rows the tensor holds
+    (a row alone against the same row among 20: up to 1.2e-7 apart; contiguous inputs agree). The
+    streamed path computes each chunk of experts' rows in a tensor of that chunk's rows, the
+    reference all rows at once. Every other architecture's gate is contiguous, and under grouped_mm
+    a pass whose experts are all resident runs the reference's one call (`_in_one_call`): both are
+    bit-identical.
+    Greedy decoding stays token-identical (test_offload_lossless)."""
+    if arch == "gpt_oss" and streamed:
+        torch.testing.assert_close(got, want, rtol=0, atol=2e-6, msg=message or None)
     else:
         assert torch.equal(got, want), message
