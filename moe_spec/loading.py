@@ -26,9 +26,11 @@ def load_target(
     experts_implementation: str | None = "grouped_mm",
     attn_implementation: str | None = None,
     device: str | None = None,
+    device_map: str | None = None,
 ) -> PreTrainedModel:
     """A causal LM from a local folder (default: the embedded target), in eval mode, on `device`
-    (None or "cpu": the CPU; else loaded straight onto that device, e.g. "cuda").
+    (None or "cpu": the CPU; else loaded straight onto that device, e.g. "cuda"); `device_map`
+    ("auto"): accelerate places it over every GPU, then the CPU, instead.
 
     fp32 compute is the default because it ran faster than bf16 at the embedded model's shapes
     on this CPU; `experts_implementation` is not saved in config.json, so it is chosen here
@@ -42,7 +44,9 @@ def load_target(
         attn_implementation = "eager" if spec is not None and spec.needs_eager_attention else "sdpa"
     # safetensors only: a pytorch_model.bin is a pickle, which transformers would otherwise unpickle
     kwargs = {"dtype": DTYPES[dtype], "attn_implementation": attn_implementation, "use_safetensors": True}
-    if device is not None and torch.device(device).type != "cpu":
+    if device_map is not None:
+        kwargs["device_map"] = device_map
+    elif device is not None and torch.device(device).type != "cpu":
         kwargs["device_map"] = device
     if experts_implementation == megablocks_experts.NAME:
         megablocks_experts.register()  # transformers' ExpertsInterface knows it from here on

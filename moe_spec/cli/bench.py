@@ -16,6 +16,8 @@ from pathlib import Path
 import torch
 import transformers
 
+from moe_spec.cli.json_output import add_json_argument, write_json
+from moe_spec.cli.model_options import add_model_arguments, resolve_model_options
 from moe_spec.cli.defaults import field_defaults
 from moe_spec.cli.offload_options import add_offload_arguments, offload_config, offload_from_args, offload_summary
 from moe_spec.cli.option_types import (
@@ -43,7 +45,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--drafter", default="default",
                         help="'lookup', 'default' (the embedded head) or a head folder; shared by every drafting method")
     parser.add_argument("--prompts", required=True, help="JSON-lines prompt file (`prompt` or `prompt_ids`, optional `class`)")
-    parser.add_argument("--methods", default="ar,eagle2",
+    parser.add_argument("--methods", default="ar,static-best,moe-aware",
                         help=f"comma-separated: {method_names()}; transformers' own loops as references: "
                              f"{', '.join(REFERENCES)}")
     parser.add_argument("--profile", default=None,
@@ -66,11 +68,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--warmup-tokens", type=non_negative_int, default=RUN_DEFAULTS["warmup_tokens"],
                         help="per method, before timing; 0: no warm-up")
     parser.add_argument("--threads", type=positive_int, default=None, help="torch threads (default: torch's own choice)")
-    parser.add_argument("--dtype", default="float32", choices=sorted(DTYPES))
     parser.add_argument("--experts-implementation", type=experts_implementation, default="grouped_mm",
                         help="transformers' (grouped_mm, batched_mm, eager) or megablocks where installed")
-    parser.add_argument("--device", type=device, default="cpu", help="where the target and the draft head run (e.g. cuda)")
-    parser.add_argument("--json", dest="json_out", default=None, help="write the full report here")
+    add_model_arguments(parser)
+    add_json_argument(parser)
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     parser.add_argument("--trace", default=None, metavar="OUT",
                         help="also record eagle2's steps (trees, target argmax, routing, times) as JSON lines "
@@ -91,8 +92,9 @@ def run(args: argparse.Namespace) -> dict:
     if args.threads is not None:
         torch.set_num_threads(args.threads)
 
+    resolve_model_options(args)
     model = load_target(args.model, dtype=args.dtype, experts_implementation=args.experts_implementation,
-                        device=args.device)
+                        device=args.device, device_map=args.device_map)
     tokenizer = load_tokenizer(args.model)
     input_ids = [p.input_ids(tokenizer) for p in prompts]
     offload = offload_from_args(args, model)
@@ -145,10 +147,7 @@ def _bench(args: argparse.Namespace, target: TargetModel, prompts, input_ids, re
                 "sampling": {label: summary_line(one) for label, one in reports.items()}}
         if target.offload is not None:
             line["offload"] = offload_summary(target.offload)
-    if args.json_out is not None:
-        out = Path(args.json_out)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(report, indent=1) + "\n")
+    write_json(args.json_out, report)
     print(json.dumps(line))
     return report
 

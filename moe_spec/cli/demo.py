@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 
+from moe_spec.cli.model_options import add_model_arguments, resolve_model_options
 from moe_spec.cli.defaults import field_defaults
 from moe_spec.cli.offload_options import add_offload_arguments, offload_config, offload_from_args, offload_summary
 from moe_spec.cli.option_types import positive_int, sampling_label, seed, temperature, top_k, top_p
@@ -51,6 +52,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="JSON-lines prompt file; the first prompt of each class, three at most "
                              "(default: code, prose and copy prompts built from the held-out corpus)")
     parser.add_argument("--threads", type=positive_int, default=None, help="torch threads (default: torch's own choice)")
+    add_model_arguments(parser)
     add_offload_arguments(parser)
 
 
@@ -61,7 +63,8 @@ def run(args: argparse.Namespace) -> dict:
 
         torch.set_num_threads(args.threads)
     offload_config(args)  # a bad offload option is named before the model loads
-    model = load_target(args.model)
+    resolve_model_options(args)
+    model = load_target(args.model, dtype=args.dtype, device=args.device, device_map=args.device_map)
     offload = offload_from_args(args, model)
     try:
         return _demo(args, TargetModel(model, offload=offload))

@@ -14,6 +14,8 @@ import json
 import torch
 
 from moe_spec.cli.defaults import field_defaults
+from moe_spec.cli.json_output import add_json_argument, write_json
+from moe_spec.cli.model_options import add_model_arguments, resolve_model_options
 from moe_spec.cli.offload_options import add_offload_arguments, offload_config, offload_from_args, offload_summary
 from moe_spec.cli.option_types import experts_implementation, positive_int, seed, temperature, top_k, top_p
 from moe_spec.core.engine import SpecDecoder
@@ -45,9 +47,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--top-k", type=top_k, default=RUN_DEFAULTS["top_k"], help="0: no top-k filter")
     parser.add_argument("--top-p", type=top_p, default=RUN_DEFAULTS["top_p"], help="1: no nucleus filter")
     parser.add_argument("--seed", type=seed, default=RUN_DEFAULTS["seed"])
-    parser.add_argument("--dtype", default="float32", choices=sorted(DTYPES))
     parser.add_argument("--experts-implementation", type=experts_implementation, default="grouped_mm")
-    parser.add_argument("--json", action="store_true", help="end with one JSON line")
+    add_json_argument(parser, "the summary")
+    add_model_arguments(parser)
     add_offload_arguments(parser)
 
 
@@ -58,7 +60,9 @@ def run(args: argparse.Namespace) -> dict:
         raise InputError("--prompt is empty; give some text (or --prompt-ids)")
     prompt_ids = _prompt_ids(args.prompt_ids) if args.prompt_ids is not None else None
     offload_config(args)  # a bad offload option is named before the model loads
-    model = load_target(args.model, dtype=args.dtype, experts_implementation=args.experts_implementation)
+    resolve_model_options(args)
+    model = load_target(args.model, dtype=args.dtype, experts_implementation=args.experts_implementation,
+                        device=args.device, device_map=args.device_map)
     tokenizer = load_tokenizer(args.model)
     offload = offload_from_args(args, model)
     try:
@@ -95,10 +99,10 @@ def _decode(args: argparse.Namespace, target: TargetModel, tokenizer, prompt_ids
         f"{stats.unique_experts_per_layer:.1f}, verify {stats.verify_ms:.1f} ms, draft {stats.draft_ms:.1f} ms"
         f"{_reads(stats) if offload is not None else ''}]"
     )
-    summary = {"command": "generate", "method": method.name, "drafter": args.drafter, "new_ids": new_ids.tolist(),
+    summary = {"command": "generate", "method": method.name, "drafter": args.drafter, "device": args.device,
+               "dtype": args.dtype, "new_ids": new_ids.tolist(),
                **stats.summary(), "offload": offload}
-    if args.json:
-        print(json.dumps(summary))
+    write_json(args.json_out, summary)
     return summary
 
 

@@ -26,18 +26,47 @@ COMMANDS = {
 }
 
 
+class HelpWithDefaults(argparse.HelpFormatter):
+    """Every option's help ends with its default (argparse's own formatter shows it only where a help
+    text asks for it, and for options without one never)."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        if "%(default)" in text or any(action.default is v for v in (None, False, argparse.SUPPRESS)) \
+                or not action.option_strings or "(default" in text or "default:" in text:
+            return text
+        if isinstance(action.default, (list, tuple)):
+            default = ",".join(str(v) for v in action.default)
+        else:
+            default = action.default
+        return f"{text} (default: {default})".strip().replace("%", "%%")
+
+
 def build_parser(selected: str | None) -> argparse.ArgumentParser:
     """All subcommands are listed; only the selected one's module is imported (heavy imports stay lazy)."""
     parser = argparse.ArgumentParser(prog="moe-spec", description="Expert-aware speculative decoding for MoE models.")
+    parser.add_argument("--version", action="version", version=f"moe-spec {_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
     for name, (module_name, help_text) in COMMANDS.items():
-        command = sub.add_parser(name, help=help_text)
+        command = sub.add_parser(name, help=help_text, description=help_text, formatter_class=HelpWithDefaults)
         if name == selected:
             module = importlib.import_module(module_name)
             module.add_arguments(command)
             config_file.add_config_option(command)
+            for action in command._actions:  # argparse prints nothing for an option without help text
+                if action.help is None and action.option_strings and action.default is not None:
+                    action.help = "(default: %(default)s)"
             command.set_defaults(_module=module)
     return parser
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("moe_spec")
+    except PackageNotFoundError:  # run from a checkout that was not installed
+        return "0.1.0 (not installed)"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -45,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
     selected = next((a for a in argv if not a.startswith("-")), None)
     parser = build_parser(selected)
     try:
-        if selected in COMMANDS:
+        if selected in COMMANDS and not {"-h", "--help"} & set(argv):  # help: argparse's own, defaults shown
             args = config_file.parse_args(parser, _command_parser(parser, selected), argv)
         else:
             args = parser.parse_args(argv)  # argparse reports the unknown command

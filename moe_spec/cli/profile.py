@@ -20,6 +20,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
+from moe_spec.cli.model_options import add_model_arguments, resolve_model_options
 from moe_spec.cli.defaults import field_defaults
 from moe_spec.cli.offload_options import add_offload_arguments, offload_config, offload_from_args
 from moe_spec.cli.option_types import device, experts_implementation, non_negative_int, positive_int, seed
@@ -47,10 +48,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", type=Path, required=True, help="profile JSON to write (arrays go beside it as .npz)")
     parser.add_argument("--plots", type=Path, default=None, help="folder for PNG figures")
     parser.add_argument("--threads", type=positive_int, default=None, help="torch threads (default: torch's setting)")
-    parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"))
     parser.add_argument("--experts-implementation", type=experts_implementation, default="grouped_mm",
                         help="transformers' (grouped_mm, batched_mm, eager) or megablocks where installed")
-    parser.add_argument("--device", type=device, default="cpu", help="where the target runs (e.g. cuda)")
+    add_model_arguments(parser)
     parser.add_argument("--evict-mb", type=non_negative_int, default=TIMING["evict_mb"],
                         help="buffer written before each timed run (0: warm caches)")
     parser.add_argument(
@@ -60,19 +60,26 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--per-layer-cost", action="store_true", help="fit one expert cost per MoE layer")
     parser.add_argument("--seed", type=seed, default=SETTINGS["seed"])
     add_offload_arguments(parser)  # with --offload: the profile also measures the fetch cost of that tier
-    # short settings for tests and quick looks
-    hidden = argparse.SUPPRESS
-    parser.add_argument("--max-new-tokens", type=positive_int, default=SETTINGS["max_new_tokens"], help=hidden)
-    parser.add_argument("--max-prompts", type=positive_int, default=None, help=hidden)
-    parser.add_argument("--repeats", type=positive_int, default=TIMING["repeats"], help=hidden)
-    parser.add_argument("--warmup", type=non_negative_int, default=TIMING["warmup"], help=hidden)
-    parser.add_argument("--grid-tokens", type=_int_list, default=SETTINGS["grid_tokens"], help=hidden)
-    parser.add_argument("--grid-experts", type=_int_list, default=SETTINGS["grid_experts"], help=hidden)
-    parser.add_argument("--natural-trees", type=non_negative_int, default=SETTINGS["natural_trees"], help=hidden)
-    parser.add_argument("--batch-sizes", type=_int_list, default=SETTINGS["batch_sizes"], help=hidden)
-    parser.add_argument("--prefix-len", type=positive_int, default=SETTINGS["prefix_len"], help=hidden)
-    parser.add_argument("--tree-nodes", type=positive_int, default=None, help=hidden)
-    parser.add_argument("--tree-depth", type=positive_int, default=None, help=hidden)
+    size = parser.add_argument_group("how much to measure (smaller: a quicker, rougher profile)")
+    size.add_argument("--max-new-tokens", type=positive_int, default=SETTINGS["max_new_tokens"],
+                      help="tokens decoded per prompt for acceptance and routing statistics")
+    size.add_argument("--max-prompts", type=positive_int, default=None, help="use only the first N prompts (default: all)")
+    size.add_argument("--repeats", type=positive_int, default=TIMING["repeats"], help="timed runs of each verify pass")
+    size.add_argument("--warmup", type=non_negative_int, default=TIMING["warmup"], help="untimed runs before them")
+    size.add_argument("--grid-tokens", type=_int_list, default=SETTINGS["grid_tokens"],
+                      help="verified tokens T of the latency grid")
+    size.add_argument("--grid-experts", type=_int_list, default=SETTINGS["grid_experts"],
+                      help="unique experts per layer U of the latency grid (forced routing; infeasible pairs skipped)")
+    size.add_argument("--natural-trees", type=non_negative_int, default=SETTINGS["natural_trees"],
+                      help="drafted trees timed as decoded, for the fit and its held-out error")
+    size.add_argument("--batch-sizes", type=_int_list, default=SETTINGS["batch_sizes"],
+                      help="rows of the batched passes timed for the per-row term")
+    size.add_argument("--prefix-len", type=positive_int, default=SETTINGS["prefix_len"],
+                      help="cached context under the latency grid")
+    size.add_argument("--tree-nodes", type=positive_int, default=None,
+                      help="candidate tree nodes while decoding (default: the drafter's own budget)")
+    size.add_argument("--tree-depth", type=positive_int, default=None,
+                      help="candidate tree depth while decoding (default: the drafter's own budget)")
 
 
 def _int_list(text: str) -> tuple[int, ...]:
@@ -91,7 +98,9 @@ def run(args: argparse.Namespace) -> dict:
         torch.set_num_threads(args.threads)
     model_dir = model_folder(args.model)
     offloading = offload_config(args)  # checked before anything loads
-    target = TargetModel(load_target(model_dir, args.dtype, args.experts_implementation, device=args.device))
+    resolve_model_options(args)
+    target = TargetModel(load_target(model_dir, args.dtype, args.experts_implementation, device=args.device,
+                                     device_map=args.device_map))
     tokenizer = load_tokenizer(model_dir)
     drafter = load_drafter(args.drafter, target)
     drafter_description = args.drafter

@@ -24,6 +24,7 @@ import math
 from dataclasses import replace
 from pathlib import Path
 
+from moe_spec.cli.json_output import add_json_argument, write_json
 from moe_spec.cli.option_types import positive_float, positive_int
 from moe_spec.experiments.report import format_table
 from moe_spec.profile.cost_model import CostModel
@@ -60,7 +61,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "or a profile JSON (its cost model)")
     parser.add_argument("--per-expert-scale", type=_scales, default=(1.0,),
                         help="comma-separated factors for the per-expert cost, e.g. 1,2,4,8")
-    parser.add_argument("--policies", default=",".join(DEFAULT_POLICIES),
+    parser.add_argument("--methods", default=",".join(DEFAULT_POLICIES),
                         help=f"comma-separated: {method_names()}")
     parser.add_argument("--model", default=None, help="model folder whose config.json gives the shapes for analytic "
                                                        "cost models (default: the traced model)")
@@ -71,7 +72,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--draft-time", default="scaled", choices=DRAFT_TIMES,
                         help="scaled: recorded draft time times the simulated / profiled non-expert cost (default); "
                              "recorded: as measured; zero: free drafting")
-    parser.add_argument("--json", dest="json_out", default=None, help="write the full simulation report here")
+    add_json_argument(parser, "the full simulation report")
     parser.add_argument("--plots", default=None, help="folder for PNG figures (speedup against per-expert scale)")
 
 
@@ -86,7 +87,7 @@ def _scales(text: str) -> tuple[float, ...]:
 
 
 def run(args: argparse.Namespace) -> dict:
-    policies = parse_policies(args.policies)
+    policies = parse_policies(args.methods)
     trace = read_trace(args.trace)
     if trace.greedy:
         check_greedy_trace(trace)
@@ -116,10 +117,7 @@ def run(args: argparse.Namespace) -> dict:
         "results": results,
     }
     print(format_report(report))
-    if args.json_out is not None:
-        out = Path(args.json_out)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(report, indent=1) + "\n")
+    write_json(args.json_out, report)
     if args.plots is not None:
         from moe_spec.experiments.simulate_plots import plot_speedup_vs_scale
 

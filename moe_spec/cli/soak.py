@@ -11,6 +11,8 @@ from pathlib import Path
 
 import torch
 
+from moe_spec.cli.json_output import add_json_argument, write_json
+from moe_spec.cli.model_options import add_model_arguments, resolve_model_options
 from moe_spec.cli.defaults import field_defaults
 from moe_spec.cli.offload_options import add_offload_arguments, offload_config, offload_from_args, offload_summary
 from moe_spec.core.target import TargetModel
@@ -46,8 +48,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--long-positions", type=int, default=None,
                         help="positions of the long generation (default: the model's context); 0: none")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's own choice)")
-    parser.add_argument("--dtype", default="float32")
-    parser.add_argument("--json", dest="json_out", default=None, help="write the full result here")
+    add_model_arguments(parser)
+    add_json_argument(parser, "the full result")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     add_offload_arguments(parser)  # the cache is not cleared between generations: a soak of the cache too
 
@@ -65,7 +67,8 @@ def run(args: argparse.Namespace) -> dict:
     prompts = load_prompts(args.prompts)
 
     offload_config(args)  # a bad offload option is named before the model loads
-    model = load_target(args.model, dtype=args.dtype)
+    resolve_model_options(args)
+    model = load_target(args.model, dtype=args.dtype, device=args.device, device_map=args.device_map)
     offload = offload_from_args(args, model)
     try:
         return _soak(args, TargetModel(model, offload=offload), settings, prompts, names)
@@ -98,10 +101,7 @@ def _soak(args: argparse.Namespace, target: TargetModel, settings: SoakSettings,
     print(format_soak(result))
     offload = offload_summary(target.offload) if target.offload is not None else None
     body = {"command": _command_line(args), "threads": torch.get_num_threads(), **result.to_json(), "offload": offload}
-    if args.json_out is not None:
-        out = Path(args.json_out)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(body, indent=1) + "\n")
+    write_json(args.json_out, body)
     line = {"command": "soak", "json": args.json_out, "generations": result.generations,
             "rss_start_mib": result.rss_start_bytes / 2 ** 20, "rss_end_mib": result.rss_end_bytes / 2 ** 20,
             "rss_growth": result.rss_growth, "hooks_start": result.hooks_start, "hooks_end": result.hooks_end,

@@ -29,11 +29,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--minutes", type=positive_float, default=DEFAULTS["minutes"], help="training time budget")
     parser.add_argument("--seed", type=seed, default=DEFAULTS["seed"])
     parser.add_argument("--threads", type=positive_int, default=DEFAULT_THREADS, help="torch CPU threads")
-    hidden = argparse.SUPPRESS
-    parser.add_argument("--tiny", action="store_true", help=hidden)
-    parser.add_argument("--max-steps", type=positive_int, default=DEFAULTS["max_steps"], help=hidden)
-    parser.add_argument("--stop-after-steps", type=positive_int, default=DEFAULTS["stop_after_steps"], help=hidden)
-    parser.add_argument("--checkpoint-every-s", type=positive_float, default=DEFAULTS["checkpoint_every_s"], help=hidden)
+    parser.add_argument("--tiny", action="store_true", help="a tiny model on a small corpus slice (tests, quick looks)")
+    parser.add_argument("--max-steps", type=positive_int, default=DEFAULTS["max_steps"], help="optimizer steps in all")
+    parser.add_argument("--stop-after-steps", type=positive_int, default=DEFAULTS["stop_after_steps"],
+                        help="stop (resumably) after this many steps of this run")
+    parser.add_argument("--checkpoint-every-s", type=positive_float, default=DEFAULTS["checkpoint_every_s"],
+                        help="seconds between checkpoints")
 
 
 def settings_from_args(args: argparse.Namespace) -> TrainSettings:

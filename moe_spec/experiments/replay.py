@@ -72,8 +72,8 @@ BOUNDS = (CEILING, SIZED_CEILING, STATIC_SIZED, SIZED_DRAFT, TRUE_ROUTING, REALI
 
 
 def parse_policies(spec: str) -> list[str]:
-    """`--policies`: names of `moe_spec.policy.registry`, checked there."""
-    return parse_methods(spec, option="--policies")
+    """`--methods`: names of `moe_spec.policy.registry`, checked there."""
+    return parse_methods(spec, option="--methods")
 
 
 @dataclass(frozen=True)

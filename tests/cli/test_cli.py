@@ -19,7 +19,7 @@ def tiny_folder(tmp_path_factory):
 
 def test_generate_with_lookup_prints_a_summary_and_a_json_line(tiny_folder, capsys):
     ids = " ".join(map(str, REPETITIVE_PROMPT))
-    code = main(["generate", "--model", str(tiny_folder), "--prompt-ids", ids, "--drafter", "lookup", "--max-new-tokens", "20", "--json"])
+    code = main(["generate", "--model", str(tiny_folder), "--prompt-ids", ids, "--drafter", "lookup", "--max-new-tokens", "20", "--json", "-"])
     assert code == 0
     lines = capsys.readouterr().out.strip().splitlines()
     assert "mean accepted length" in lines[-2]
@@ -48,7 +48,7 @@ def test_generate_runs_every_registered_method_on_the_embedded_pair_with_ars_gre
     outputs = {}
     with_argument = {"static": f"static:{STATIC_GRID[0]}", "chain": "chain:3"}
     for method in [with_argument.get(name, name) for name in METHODS]:
-        assert main(["generate", "--prompt-ids", ids, "--method", method, "--max-new-tokens", "8", "--json"]) == 0, method
+        assert main(["generate", "--prompt-ids", ids, "--method", method, "--max-new-tokens", "8", "--json", "-"]) == 0, method
         lines = capsys.readouterr().out.strip().splitlines()
         assert f"[{method}, drafter default:" in lines[-2] and "mean accepted length" in lines[-2], method
         summary = json.loads(lines[-1])

@@ -122,7 +122,7 @@ def test_generate_runs_from_a_config_file(tmp_path, capsys):
     model = tmp_path / "model"
     assert main(["make-tiny", "--arch", "qwen3_moe", "--out", str(model)]) == 0
     ids = " ".join(map(str, REPETITIVE_PROMPT))
-    config = write(tmp_path / "gen.yaml", f"model: {model}\nprompt-ids: '{ids}'\ndrafter: lookup\nmax-new-tokens: 8\njson: true\n")
+    config = write(tmp_path / "gen.yaml", f"model: {model}\nprompt-ids: '{ids}'\ndrafter: lookup\nmax-new-tokens: 8\njson: '-'\n")
     assert main(["generate", "--config", str(config), "--max-new-tokens", "5"]) == 0
     summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert summary["new_tokens"] == 5

@@ -90,7 +90,7 @@ def test_tier_host_on_the_cpu_is_a_clear_error(tiny_folder, tmp_path, capsys):
 
 def generate(capsys, tiny_folder, *extra: str) -> tuple[list[str], dict]:
     argv = ["generate", "--model", str(tiny_folder), "--prompt-ids", IDS, "--drafter", "lookup",
-            "--max-new-tokens", "12", "--json", *extra]
+            "--max-new-tokens", "12", "--json", "-", *extra]
     assert main(argv) == 0
     lines = capsys.readouterr().out.strip().splitlines()
     return lines, json.loads(lines[-1])

@@ -78,7 +78,7 @@ def test_an_empty_prompt_is_named_as_such_not_as_an_empty_batch_row(capsys):
 def _generate(tiny_folder, capsys, *options) -> list[int]:
     ids = " ".join(map(str, REPETITIVE_PROMPT[:6]))
     argv = ["generate", "--model", str(tiny_folder), "--prompt-ids", ids, "--drafter", "lookup", "--max-new-tokens", "12",
-            "--json", *options]
+            "--json", "-", *options]
     assert main(argv) == 0
     return json.loads(capsys.readouterr().out.strip().splitlines()[-1])["new_ids"]
 
