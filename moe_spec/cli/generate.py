@@ -1,15 +1,17 @@
 """`moe-spec generate`: decode one prompt and summarise what speculation did.
 
-Without `--method` the drafter's own default tree is verified whole (`--drafter none`: plain
-autoregressive decoding). `--method NAME` decodes with a method of `moe_spec.policy.registry`
-(`ar`, `eagle2`, `static:N`, `truncate`, `moe-aware`, `moe-aware-noexperts`) on `--drafter`; the
-methods that price nodes read `--profile` (default: the profile shipped with the embedded pair).
+Without `--method` it decodes with the best method this target and machine allow: `moe-aware`
+where a profile of them exists (`--profile`, the embedded pair's shipped one, or the one `moe-spec
+profile` cached for this target and drafter), else `FALLBACK_METHOD`, the best fixed tree measured
+so far, with a hint on stderr on how to profile (`--drafter none`: plain autoregressive decoding).
+`--method NAME` decodes with any method of `moe_spec.policy.registry` on `--drafter`.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
+import sys
+from pathlib import Path
 
 import torch
 
@@ -24,11 +26,14 @@ from moe_spec.errors import InputError
 from moe_spec.experiments.report import offload_line
 from moe_spec.experiments.runner import RunSettings
 from moe_spec.loading import DTYPES, load_drafter, load_target, load_tokenizer
-from moe_spec.measure.store import DEFAULT_PROFILE
+from moe_spec.measure.store import DEFAULT_PROFILE, cached_profile_path
 from moe_spec.policy.registry import Method, MethodContext, build_method, check_runnable, method_names
 from moe_spec.profile.artifact import Profile
 
 RUN_DEFAULTS = field_defaults(RunSettings)
+# the best fixed tree measured on the embedded pair (static:3 and static:4 were best on the two prompt
+# sets, greedy, one row; docs/measurements.md): the default where no profile prices the tree
+FALLBACK_METHOD = "static:4"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -39,7 +44,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--drafter", default="default", help="'none', 'lookup', 'default' (embedded head) or a head folder")
     parser.add_argument("--method", default=None,
                         help=f"a decoding method: {method_names()} (static-best is a bench aggregate, refused); "
-                             "default: the drafter's own tree")
+                             f"default: moe-aware where a profile of this target exists, else {FALLBACK_METHOD}")
     parser.add_argument("--profile", default=None,
                         help="profile JSON for truncate / moe-aware (default: the embedded pair's shipped profile)")
     parser.add_argument("--max-new-tokens", type=positive_int, default=RUN_DEFAULTS["max_new_tokens"])
@@ -144,13 +149,33 @@ def _prompt_ids(text: str) -> list[int]:
 
 
 def _method(args: argparse.Namespace, target: TargetModel) -> Method:
-    """--method from the registry; without it, the drafter with its own default tree."""
-    if args.method is None:
-        drafter = load_drafter(args.drafter, target)
-        return Method("ar" if drafter is None else "default", drafter, None)
-    profile = args.profile
-    if profile is None and args.model is None and args.drafter == "default" and DEFAULT_PROFILE.is_file():
-        profile = DEFAULT_PROFILE
+    """--method from the registry; without it the best method this target and machine allow:
+    `moe-aware` where a profile of them exists, else the best fixed tree measured so far."""
+    profile = _profile_path(args, target)
+    name = args.method
+    if name is None:
+        if args.drafter == "none":
+            name = "ar"
+        elif profile is not None:
+            name = "moe-aware"
+        else:
+            name = FALLBACK_METHOD
+            print(f"moe-spec generate: no profile of this target and drafter on this machine, so decoding with "
+                  f"{FALLBACK_METHOD} (the best fixed tree measured so far) rather than the cost-aware `moe-aware`; "
+                  f"`moe-spec profile --model {args.model or '<model>'} --drafter {args.drafter} --prompts "
+                  f"<prompts.jsonl> --out <profile.json>` makes one (a few minutes on a CPU for a small model) and "
+                  f"keeps it where generate finds it", file=sys.stderr)
     context = MethodContext(target, lambda: load_drafter(args.drafter, target),
                             (lambda: Profile.load(profile, target)) if profile is not None else None)
-    return build_method(args.method, context)
+    return build_method(name, context)
+
+
+def _profile_path(args: argparse.Namespace, target: TargetModel) -> Path | None:
+    """--profile; else the embedded pair's shipped profile; else the one `moe-spec profile` cached for
+    this target and drafter; else None."""
+    if args.profile is not None:
+        return Path(args.profile)
+    if args.model is None and args.drafter == "default" and DEFAULT_PROFILE.is_file():
+        return DEFAULT_PROFILE
+    cached = cached_profile_path(target, args.drafter)
+    return cached if cached.is_file() else None

@@ -32,6 +32,7 @@ from moe_spec.profile.artifact import Profile
 from moe_spec.measure.latency import TimingConfig
 from moe_spec.measure.fetch_profile import fetch_stage
 from moe_spec.measure.profiler import ProfileSettings, build_profile
+from moe_spec.measure.store import cached_profile_path
 from moe_spec.core.target import TargetModel
 
 SETTINGS = field_defaults(ProfileSettings)
@@ -137,6 +138,10 @@ def run(args: argparse.Namespace) -> dict:
     profile.details["measurement"]["prompts_sha256"] = hashlib.sha256(args.prompts.read_bytes()).hexdigest()
     args.out.parent.mkdir(parents=True, exist_ok=True)
     sidecar = profile.save(args.out)
+    cached = cached_profile_path(target, args.drafter)
+    if cached.resolve() != args.out.resolve():  # where generate and bench look for this target's profile
+        profile.save(cached)
+        print(f"profile cached for generate and bench at {cached}", file=sys.stderr)
     plots = write_plots(profile, args.plots) if args.plots is not None else []
     print(summary_table(profile))
     report = profile.details.get("cost_model_report", {})

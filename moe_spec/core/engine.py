@@ -20,6 +20,7 @@ import torch
 from transformers import PreTrainedModel
 
 from moe_spec.core.acceptance import accept
+from moe_spec.core.blas_threads import single_threaded_blas
 from moe_spec.core.batch_layout import prefill_inputs, repack, step_inputs, tail_layout, worth_repacking
 from moe_spec.core.control import Controller, StepPlan
 from moe_spec.core.drafting import NO_DRAFT, BatchDrafter, Drafter, TreeBudget, batch_drafter
@@ -83,6 +84,7 @@ class SpecDecoder:
         self.observer = observer
 
     @torch.no_grad()
+    @single_threaded_blas()
     def generate(
         self,
         input_ids: torch.Tensor,
@@ -98,7 +100,8 @@ class SpecDecoder:
         """Decode up to `max_new_tokens` tokens per row; greedy when `temperature == 0`.
 
         A batch is given left-padded with its `attention_mask`. `eos_token_id=None` uses the
-        model's generation config, as `model.generate` does.
+        model's generation config, as `model.generate` does. numpy's BLAS runs one thread meanwhile
+        (see `blas_threads`).
         """
         # 1) check the request before anything runs
         sampling = SamplingConfig(temperature, top_k, top_p)
