@@ -12,7 +12,8 @@ import pytest
 pytestmark = pytest.mark.slow  # runs the README's commands, profiling included
 
 ROOT = Path(__file__).resolve().parent.parent
-BLOCK = re.compile(r"(<!-- skip-test: (?P<reason>[^>]*) -->\n)?```(?P<lang>python|bash)\n(?P<code>.*?)```", re.S)
+# a block may sit indented in a list item, its skip marker indented the same
+BLOCK = re.compile(r"(<!-- skip-test: (?P<reason>[^>]*) -->\n[ \t]*)?```(?P<lang>python|bash)\n(?P<code>.*?)```", re.S)
 
 
 DOCUMENTS = ("README.md", *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "docs").glob("*.md")))

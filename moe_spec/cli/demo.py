@@ -1,10 +1,11 @@
-"""`moe-spec demo`: the embedded MoE pair, plain autoregressive decoding vs the EAGLE-2 tree
-(and moe_spec's `moe-aware` controller, driven by the pair's shipped profile).
+"""`moe-spec demo`: the embedded MoE pair, plain decoding against the default method.
 
 A small `moe-spec bench`: a few held-out prompts (one code, one prose, one copy-heavy; the first of
 each class in `configs/bench/heldout.jsonl`, rebuilt from the corpus so an installed package
-needs no prompt file), `ar`, `eagle2` and `moe-aware` interleaved, greedy unless `--temperature` (with `--top-k`,
-`--top-p`) samples. Prints one continuation, a table and a JSON line.
+needs no prompt file), `ar` and the default method (`moe-aware` on the pair's shipped profile, see
+`moe_spec.cli.default_method`) interleaved, greedy unless `--temperature` (with `--top-k`,
+`--top-p`) samples, with a progress bar. Prints the first prompt continued by both, a line of
+tokens/s and speedup for each, and a JSON line.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import argparse
 import json
 
 from moe_spec.cli.model_options import add_model_arguments, resolve_model_options
+from moe_spec.cli.default_method import default_method, profile_path
 from moe_spec.cli.defaults import field_defaults
 from moe_spec.cli.offload_options import add_offload_arguments, offload_config, offload_from_args, offload_summary
 from moe_spec.cli.option_types import positive_int, sampling_label, seed, temperature, top_k, top_p
@@ -20,16 +22,14 @@ from moe_spec.core.sampling import SamplingConfig
 from moe_spec.policy.registry import MethodContext, build_method
 from moe_spec.experiments.prompt_sets import build_prompt_sets
 from moe_spec.experiments.prompt_file import Prompt, load_prompts
-from moe_spec.experiments.report import OFFLOAD_COLUMNS, build_report, format_table, offload_line
+from moe_spec.experiments.report import build_report, offload_line
 from moe_spec.experiments.runner import RunSettings, run_methods
 from moe_spec.errors import InputError
 from moe_spec.loading import DEFAULT_DRAFTER, DEFAULT_TARGET, load_drafter, load_target, load_tokenizer
 from moe_spec.profile.artifact import Profile
-from moe_spec.measure.store import DEFAULT_PROFILE
 from moe_spec.core.target import TargetModel
 
 RUN_DEFAULTS = field_defaults(RunSettings)
-METHODS = ("ar", "eagle2")
 PROMPT_CLASSES = ("code", "prose", "copy")
 COLUMNS = (
     ("tok/s", "tokens_per_s", "{:.1f}"),
@@ -74,53 +74,57 @@ def run(args: argparse.Namespace) -> dict:
 
 
 def _demo(args: argparse.Namespace, target: TargetModel) -> dict:
-    """Run the methods on the demo prompts; print a continuation, the table and the JSON line."""
+    """Plain decoding and the default method on the demo prompts: the first prompt continued by
+    both, side by side, then a line each of tokens/s and speedup; the JSON line last."""
     tokenizer = load_tokenizer(args.model)
     prompts = _prompts(args.prompts, tokenizer)
     settings = RunSettings(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
                            top_p=args.top_p, seed=args.seed)
     sampling = SamplingConfig(args.temperature, args.top_k, args.top_p)
-    embedded = args.model is None and args.drafter == "default" and DEFAULT_PROFILE.is_file()
-    names = METHODS
-    if embedded:
-        names = METHODS + ("moe-aware",)  # the shipped profile of the pair drives our controller
-    elif not sampling.greedy:  # no profile of this target to choose sampled candidates by: the top ones
-        names = tuple(name if name == "ar" else f"{name}@top" for name in METHODS)
-    profile = (lambda: Profile.load(DEFAULT_PROFILE, target)) if embedded else None
-    context = MethodContext(target, lambda: load_drafter(args.drafter, target), profile)
+    profile = profile_path(args.model, args.drafter, None, target)
+    default = default_method("demo", args.model, args.drafter, profile)
+    if profile is None and not sampling.greedy:  # no profile to choose sampled candidates by: the top ones
+        default += "@top"
+    names = ("ar", default)
+    context = MethodContext(target, lambda: load_drafter(args.drafter, target),
+                            (lambda: Profile.load(profile, target)) if profile is not None else None)
     methods = [build_method(name, context) for name in names]
     input_ids = [p.input_ids(tokenizer) for p in prompts]
-    runs = run_methods(target, methods, input_ids, settings)
+    runs = run_methods(target, methods, input_ids, settings, progress=True)
     classes = [p.prompt_class for p in prompts]
     report = build_report(runs, names, classes, [{} for _ in prompts], config={"demo": True})
     offload = offload_summary(target.offload) if target.offload is not None else None
-    columns = COLUMNS + OFFLOAD_COLUMNS if offload is not None else COLUMNS
 
     first = {r.method: r.new_ids_of(0) for r in runs if 0 in r.prompt_indices}
     identical = all(
         len({r.new_ids_of(i) for r in runs if i in r.prompt_indices}) == 1 for i in range(len(prompts))
     )
-    print(f"--- {classes[0]} prompt (last lines) ---")
+    print(f"--- the {classes[0]} prompt (its last lines) ---")
     print(_tail(_decode(tokenizer, input_ids[0][0].tolist())))
-    print(f"--- {names[1]} continuation ---")
-    print(_decode(tokenizer, list(first[names[1]])))
+    for name, title in zip(names, ("plain decoding (ar)", f"{default} (the default method)")):
+        print(f"--- continued by {title} ---")
+        print(_decode(tokenizer, list(first[name])))
     print("---")
     if offload is not None:
         print(offload_line(offload))
-    print(format_table(report["methods"], f"{len(prompts)} prompts ({', '.join(classes)}), "
-                                          f"{args.max_new_tokens} new tokens each, "
-                                          f"{'greedy' if sampling.greedy else 'sampled: ' + sampling_label(sampling)}",
-                       columns))
+    label = "greedy" if sampling.greedy else "sampled: " + sampling_label(sampling)
+    print(f"{len(prompts)} prompts ({', '.join(classes)}), {args.max_new_tokens} new tokens each, {label}:")
+    for name in names:
+        figures = report["methods"][name]
+        print(f"  {name:>16}: {figures['tokens_per_s']:6.1f} tokens/s  {figures['speedup_vs_ar']:.2f}x plain decoding  "
+              f"accepted length {figures['mean_accept_len']:.2f}  experts per layer per verify "
+              f"{figures['unique_experts_per_layer']:.1f}")
     if sampling.greedy:
-        print(f"every method's output identical to ar on every prompt: {'yes' if identical else 'NO'}")
+        print(f"the same tokens as plain decoding on every prompt: {'yes' if identical else 'NO'}")
     else:  # each method samples the target's distribution, but draws its random numbers differently
-        print("sampled: each method's output follows the target's distribution; the draws differ by method")
+        print("sampled: both follow the target's distribution; their draws differ")
     summary = {
         "command": "demo",
         "prompts": classes,
         "sampling": sampling_label(sampling),
+        "default_method": default,
         "identical_to_ar": identical if sampling.greedy else None,  # sampled draws differ by method
-        "methods": {m: {key: f[key] for _, key, _ in columns} for m, f in report["methods"].items()},
+        "methods": {m: {key: f[key] for _, key, _ in COLUMNS} for m, f in report["methods"].items()},
     }
     if offload is not None:
         summary["offload"] = offload

@@ -10,11 +10,10 @@ so far, with a hint on stderr on how to profile (`--drafter none`: plain autoreg
 from __future__ import annotations
 
 import argparse
-import sys
-from pathlib import Path
 
 import torch
 
+from moe_spec.cli.default_method import FALLBACK_METHOD, default_method, profile_path
 from moe_spec.cli.defaults import field_defaults
 from moe_spec.cli.json_output import add_json_argument, write_json
 from moe_spec.cli.model_options import add_model_arguments, resolve_model_options
@@ -26,14 +25,10 @@ from moe_spec.errors import InputError
 from moe_spec.experiments.report import offload_line
 from moe_spec.experiments.runner import RunSettings
 from moe_spec.loading import DTYPES, load_drafter, load_target, load_tokenizer
-from moe_spec.measure.store import DEFAULT_PROFILE, cached_profile_path
 from moe_spec.policy.registry import Method, MethodContext, build_method, check_runnable, method_names
 from moe_spec.profile.artifact import Profile
 
 RUN_DEFAULTS = field_defaults(RunSettings)
-# the best fixed tree measured on the embedded pair (static:3 and static:4 were best on the two prompt
-# sets, greedy, one row; docs/measurements.md): the default where no profile prices the tree
-FALLBACK_METHOD = "static:4"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -149,33 +144,10 @@ def _prompt_ids(text: str) -> list[int]:
 
 
 def _method(args: argparse.Namespace, target: TargetModel) -> Method:
-    """--method from the registry; without it the best method this target and machine allow:
-    `moe-aware` where a profile of them exists, else the best fixed tree measured so far."""
-    profile = _profile_path(args, target)
-    name = args.method
-    if name is None:
-        if args.drafter == "none":
-            name = "ar"
-        elif profile is not None:
-            name = "moe-aware"
-        else:
-            name = FALLBACK_METHOD
-            print(f"moe-spec generate: no profile of this target and drafter on this machine, so decoding with "
-                  f"{FALLBACK_METHOD} (the best fixed tree measured so far) rather than the cost-aware `moe-aware`; "
-                  f"`moe-spec profile --model {args.model or '<model>'} --drafter {args.drafter} --prompts "
-                  f"<prompts.jsonl> --out <profile.json>` makes one (a few minutes on a CPU for a small model) and "
-                  f"keeps it where generate finds it", file=sys.stderr)
+    """--method from the registry; without it the best method this target and machine allow
+    (`moe_spec.cli.default_method`)."""
+    profile = profile_path(args.model, args.drafter, args.profile, target)
+    name = args.method or default_method("generate", args.model, args.drafter, profile)
     context = MethodContext(target, lambda: load_drafter(args.drafter, target),
                             (lambda: Profile.load(profile, target)) if profile is not None else None)
     return build_method(name, context)
-
-
-def _profile_path(args: argparse.Namespace, target: TargetModel) -> Path | None:
-    """--profile; else the embedded pair's shipped profile; else the one `moe-spec profile` cached for
-    this target and drafter; else None."""
-    if args.profile is not None:
-        return Path(args.profile)
-    if args.model is None and args.drafter == "default" and DEFAULT_PROFILE.is_file():
-        return DEFAULT_PROFILE
-    cached = cached_profile_path(target, args.drafter)
-    return cached if cached.is_file() else None

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from moe_spec.cli.generate import FALLBACK_METHOD
+from moe_spec.cli.default_method import FALLBACK_METHOD
 from moe_spec.cli.main import main
 from moe_spec.testing.helpers import REPETITIVE_PROMPT
 
