@@ -13,10 +13,7 @@ from pathlib import Path
 
 from moe_spec.core.target import TargetModel
 from moe_spec.measure.store import DEFAULT_PROFILE, cached_profile_path
-
-# the best fixed tree measured on the embedded pair (static:3 and static:4 were best on the two prompt
-# sets, greedy, one row; docs/measurements.md): the default where no profile prices the tree
-FALLBACK_METHOD = "static:4"
+from moe_spec.policy.registry import FALLBACK_METHOD
 
 
 def profile_path(model: str | None, drafter: str, profile: str | None, target: TargetModel) -> Path | None:

@@ -29,7 +29,8 @@ How `generate`'s settings are mapped:
 - `eos_token_id` -> the generation config's (after `generate` filled it from the model);
 - `drafter`: a `Drafter`, a spec string for `moe_spec.loading.load_drafter` ('lookup', a head
   folder) or None (plain autoregressive decoding through moe_spec's cache machinery);
-- `controller`: a moe_spec `Controller`, or None (the drafter's default tree);
+- `controller`: a moe_spec `Controller`, or None: with a drafter and no `method`, `moe-aware` on
+  `profile` where one is given, else the best fixed tree measured so far (`static:4`, with a warning);
 - `method`: instead of `controller`, a method of `moe_spec.policy.registry` by name (`ar`, `eagle2`,
   `static:N`, `truncate`, `moe-aware`, `moe-aware-noexperts`), built as `moe-spec bench` builds
   it: on `drafter` (needed by every method but `ar`, which decodes without one) and, for the
@@ -67,6 +68,7 @@ function (e.g. `temperature=nan` with `do_sample=True`, `top_k=2.5`) stays trans
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 
 import torch
@@ -83,7 +85,7 @@ from moe_spec.errors import InputError
 from moe_spec.core.target import TargetModel
 from moe_spec.loading import load_drafter
 from moe_spec.offload.offloaded_experts import ExpertOffload
-from moe_spec.policy.registry import MethodContext, build_method
+from moe_spec.policy.registry import FALLBACK_METHOD, MethodContext, build_method
 from moe_spec.profile.artifact import Profile
 
 _SAMPLING_WARPERS = (TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper)
@@ -161,9 +163,11 @@ def _drafter_and_controller(target: TargetModel, drafter, controller, method: st
     if isinstance(drafter, str):
         drafter = load_drafter(drafter, target)
     if method is None:
-        if profile is not None:
-            raise InputError("profile= is read by method= only; pass a method, or build the controller from it")
-        return drafter, controller
+        if controller is not None or drafter is None:
+            if profile is not None:
+                raise InputError("profile= is read by method= only; pass a method, or build the controller from it")
+            return drafter, controller
+        method = _default_method(profile)
     if controller is not None:
         raise InputError(f"give method= or controller=, not both (got method={method!r} and a {type(controller).__name__})")
     load_profile = None if profile is None else (
@@ -171,6 +175,16 @@ def _drafter_and_controller(target: TargetModel, drafter, controller, method: st
     context = MethodContext(target, lambda: drafter, load_profile, drafter_option="drafter=", profile_option="profile=")
     built = build_method(method, context)
     return built.drafter, built.controller
+
+
+def _default_method(profile) -> str:
+    """A drafter and neither method= nor controller=: `moe-aware` on profile=, else the best fixed tree."""
+    if profile is not None:
+        return "moe-aware"
+    warnings.warn(f"speculative_generate: no profile= of this target, so drafting {FALLBACK_METHOD} (the best fixed "
+                  f"tree measured so far) rather than the cost-aware moe-aware; `moe-spec profile` makes one",
+                  stacklevel=3)
+    return FALLBACK_METHOD
 
 
 def _check_arguments(drafter, controller, method, profile, observer) -> None:

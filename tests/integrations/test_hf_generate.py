@@ -104,7 +104,7 @@ def test_a_method_by_name_decodes_like_generate(moe_model, method):
     ({"method": "static-best"}, "not a method one run can use"),
     ({"method": "medusa"}, "unknown method 'medusa'"),
     ({"method": "eagle2", "controller": StaticController(TreeBudget(4, 8, 4))}, "method= or controller=, not both"),
-    ({"profile": "p.json"}, "profile= is read by method= only"),
+    ({"profile": "p.json", "drafter": None}, "profile= is read by method= only"),
 ])
 def test_bad_method_requests_are_refused_naming_the_parameter(settings, message):
     model = tiny_model("qwen3_moe")
@@ -194,3 +194,41 @@ def test_a_float_mask_of_ones_is_dropped_by_generate_and_decodes_as_no_mask():
     out = model.generate(ids, attention_mask=torch.ones(1, 10), custom_generate=speculative_generate,
                          drafter=LookupDrafter(), max_new_tokens=6)
     assert torch.equal(out, hf_greedy(model, PLAIN_PROMPT, 6))
+
+
+def test_a_drafter_alone_drafts_the_best_fixed_tree_with_a_hint_and_moe_aware_on_a_profile(tmp_path):
+    """Without method= or controller=: moe-aware on profile=, else static:4 and a warning saying how to
+    profile; both lossless."""
+    from moe_spec.core.step_record import DecodeObserver
+    from moe_spec.measure.latency import TimingConfig
+    from moe_spec.measure.profiler import ProfileSettings, build_profile
+    from moe_spec.core.target import TargetModel
+
+    class Sizes(DecodeObserver):
+        def __init__(self):
+            self.verified = []
+
+        def on_prefill(self, record):
+            pass
+
+        def on_step(self, record):
+            self.verified.append(len(record.verified.trees[0]) - 1)
+
+    model = tiny_model("qwen3_moe")
+    ids = torch.tensor([REPETITIVE_PROMPT])
+    sizes = Sizes()
+    with pytest.warns(UserWarning, match="no profile= of this target, so drafting static:4"):
+        out = model.generate(ids, custom_generate=speculative_generate, drafter=LookupDrafter(), observer=sizes,
+                             max_new_tokens=12)
+    assert torch.equal(out, hf_greedy(model, REPETITIVE_PROMPT, 12))
+    assert sizes.verified and max(sizes.verified) <= 4 and max(sizes.verified) > 0
+    settings = ProfileSettings(max_new_tokens=12, prefix_len=16, grid_tokens=(1, 4), grid_experts=(2, 4),
+                               natural_trees=3, curve_sizes=(1, 2, 4), timing=TimingConfig(1, 0, 0))
+    profile = build_profile(TargetModel(model), LookupDrafter(), [torch.tensor(REPETITIVE_PROMPT)], settings)
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message="no profile=")
+        priced = model.generate(ids, custom_generate=speculative_generate, drafter=LookupDrafter(), profile=profile,
+                                max_new_tokens=12)
+    assert torch.equal(priced, out)
