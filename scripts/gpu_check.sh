@@ -7,7 +7,8 @@
 # travel: the models are made on the device with random weights (the verify cost depends on the
 # shapes, and the profiler times its grid under forced routing), never the embedded target's weights.
 #   1. env          versions, the device, and the transformers 5.23 that moe_spec needs (env.json)
-#   2. tests        the CUDA-marked tests (tests/gpu, the device path of tests/core/test_bad_input.py):
+#   2. tests        the CUDA-marked tests (tests/gpu, the device paths of tests/core/test_bad_input.py and
+#                   tests/cli/test_model_options.py, where --device and --dtype auto pick CUDA):
 #                   greedy identity with transformers for the lookup and EAGLE drafters, the sampling
 #                   distribution through EAGLE trees, offloaded experts (host and disk tiers) equal to
 #                   the resident model, three architectures (MOE_SPEC_REQUIRE_CUDA=1: a missing CUDA
@@ -114,7 +115,7 @@ step_tests() {
   local workers=()  # the device has 16 cores and pytest-xdist: the tests share the GPU in 6 processes
   [[ $TINY == 0 ]] && "$PYTHON" -c "import xdist" 2>/dev/null && workers=(-n 6)
   cd "$REPO" && "$PYTHON" -m pytest -q -p no:cacheprovider -rs "${workers[@]}" -m gpu tests/gpu \
-    tests/core/test_bad_input.py --junitxml="$OUT/tests.xml"
+    tests/core/test_bad_input.py tests/cli/test_model_options.py --junitxml="$OUT/tests.xml"
 }
 
 random_prompts() {  # random_prompts MODEL_DIR FILE: 8 prompts of 16 random ids repeated, so that the lookup drafter drafts
