@@ -69,6 +69,43 @@ def test_sampling_with_a_seed_is_reproducible_and_stays_in_vocabulary():
     assert torch.equal(explicit[0], explicit[1])
 
 
+
+@pytest.mark.slow
+def test_sampled_drop_in_tokens_follow_the_targets_own_law():
+    """Tokens 2 and 3 sampled through the drop-in (EAGLE trees, transformers' generation config: T = 1,
+    top-k 50 > the vocabulary, no EOS) against the exact joint law from a plain softmax of the model's logits;
+    a drop-in that only reproduced itself would pass the test above and fail this one."""
+    from moe_spec.drafters.eagle import EagleDrafter
+    from moe_spec.core.target import TargetModel
+    from moe_spec.testing.helpers import assert_follows, random_eagle_head
+
+    vocab, prompt = 6, [1, 4, 2, 5]
+    model = tiny_model("qwen3_moe", vocab_size=vocab, seed=4)
+    target = TargetModel(model)
+    drafter = EagleDrafter(random_eagle_head(target, draft_vocab=vocab), target, TreeBudget(8, 2, 3))
+
+    def probs(tokens):
+        with torch.no_grad():
+            return model(torch.tensor([prompt + tokens])).logits[0, -1].double().softmax(-1)
+
+    exact = torch.zeros(vocab, vocab, dtype=torch.float64)
+    with torch.no_grad():
+        p1 = probs([])
+        for x1 in range(vocab):
+            p2 = probs([x1])
+            for x2 in range(vocab):
+                exact[x2] += p1[x1] * p2[x2] * probs([x1, x2])
+    counts = torch.zeros(vocab, vocab)
+    generator = torch.Generator().manual_seed(21)
+    ids = torch.tensor([prompt])
+    for _ in range(1500):
+        out = model.generate(ids, custom_generate=speculative_generate, drafter=drafter, method="static:8",
+                             do_sample=True, temperature=1.0, max_new_tokens=3, eos_token_id=None,
+                             generator=generator)
+        _, x2, x3 = out[0, len(prompt):].tolist()
+        counts[x2, x3] += 1
+    assert_follows(counts, exact.float())
+
 def test_moe_streamer_gets_the_prompt_once_then_every_new_token_then_end():
     model = tiny_model("olmoe")
     streamer = RecordingStreamer()
