@@ -21,7 +21,7 @@ from moe_spec.cli.model_options import add_model_arguments, resolve_model_option
 from moe_spec.cli.defaults import field_defaults
 from moe_spec.cli.offload_options import add_offload_arguments, offload_config, offload_from_args, offload_summary
 from moe_spec.cli.option_types import (
-    device, experts_implementation, non_negative_int, positive_int, sampling_label, sampling_setting, seed, temperature,
+    experts_implementation, non_negative_int, positive_int, sampling_label, sampling_setting, seed, temperature,
     top_k, top_p,
 )
 from moe_spec.policy.registry import STATIC_BEST, MethodContext, build_method, expand_methods, method_names, parse_methods
@@ -33,7 +33,7 @@ from moe_spec.experiments.runner import RunSettings, run_methods
 from moe_spec.errors import InputError
 from moe_spec.profile.artifact import Profile
 from moe_spec.measure.store import DEFAULT_PROFILE, cached_profile_path, profile_for
-from moe_spec.loading import DTYPES, load_drafter, load_target, load_tokenizer, model_folder
+from moe_spec.loading import load_drafter, load_target, load_tokenizer, model_folder
 from moe_spec.core.sampling import SamplingConfig
 from moe_spec.core.target import TargetModel
 

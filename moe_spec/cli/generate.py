@@ -24,7 +24,7 @@ from moe_spec.core.target import TargetModel
 from moe_spec.errors import InputError
 from moe_spec.experiments.report import offload_line
 from moe_spec.experiments.runner import RunSettings
-from moe_spec.loading import DTYPES, load_drafter, load_target, load_tokenizer
+from moe_spec.loading import load_drafter, load_target, load_tokenizer
 from moe_spec.policy.registry import Method, MethodContext, build_method, check_runnable, method_names
 from moe_spec.profile.artifact import Profile
 

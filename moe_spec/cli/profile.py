@@ -23,7 +23,7 @@ from tqdm import tqdm
 from moe_spec.cli.model_options import add_model_arguments, resolve_model_options
 from moe_spec.cli.defaults import field_defaults
 from moe_spec.cli.offload_options import add_offload_arguments, offload_config, offload_from_args
-from moe_spec.cli.option_types import device, experts_implementation, non_negative_int, positive_int, seed
+from moe_spec.cli.option_types import experts_implementation, non_negative_int, positive_int, seed
 from moe_spec.core.drafting import EAGLE2_BUDGET, TreeBudget
 from moe_spec.errors import InputError
 from moe_spec.loading import load_drafter, load_target, load_tokenizer, model_folder

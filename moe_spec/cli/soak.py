@@ -7,7 +7,6 @@ from __future__ import annotations
 import argparse
 import json
 import shlex
-from pathlib import Path
 
 import torch
 
