@@ -182,7 +182,7 @@ run_step() {  # run_step NAME LIMIT_S: step_NAME under `timeout`, its output in 
 }
 
 START=$(date +%s)
-# the limits add up to 480 s, each about 1.3-1.5x what the step took on an H200 (docs/gpu.md): 371 s in all
+# the limits add up to 480 s, each 1.2-1.5x what the step took on an H200 (docs/gpu.md): 371 s in all
 run_step env 20
 run_step tests 140
 run_step olmoe 110
