@@ -29,23 +29,31 @@ def assert_speculated(stats) -> None:
     assert any(step.accepted_length > step.rows for step in stats.steps), "no drafted token was accepted"
 
 
+def law_after_the_first_token(next_probs, vocab: int, tokens: int) -> torch.Tensor:
+    """[V] * (tokens - 1) P(x2, ..., x_tokens | prompt) = sum over x1 of P(x1) P(x2 | x1) ..., by
+    enumerating every continuation; `next_probs(new_tokens) -> [V]` is the next token's law after
+    the prompt and `new_tokens` (the caller's own: the package's sampling, or transformers')."""
+
+    def joint(prefix: list[int], remaining: int) -> torch.Tensor:  # [V] * remaining, the laws of the next ones
+        p = next_probs(prefix)
+        if remaining == 1:
+            return p
+        return torch.stack([p[x] * joint(prefix + [x], remaining - 1) for x in range(vocab)])
+
+    with torch.no_grad():
+        return joint([], tokens).sum(0)
+
+
 def exact_distribution_of_tokens_2_and_3(model, prompt: list[int], vocab: int, config) -> torch.Tensor:
-    """[V, V] P(x2, x3 | prompt) = sum over x1 of P(x1) P(x2 | x1) P(x3 | x1, x2), by enumeration
-    (forwards on the model's device, probabilities on the host; `config`: a `SamplingConfig`)."""
+    """[V, V] P(x2, x3 | prompt) with the package's own sampling law (`config`: a `SamplingConfig`),
+    forwards on the model's device, probabilities on the host."""
     from moe_spec.core.sampling import probabilities
 
     def next_probs(tokens):
         logits = model(torch.tensor([prompt + tokens], device=model.device)).logits[0, -1]
         return probabilities(logits.cpu(), config)
 
-    joint = torch.zeros(vocab, vocab)
-    with torch.no_grad():
-        p1 = next_probs([])
-        for x1 in range(vocab):
-            p2 = next_probs([x1])
-            for x2 in range(vocab):
-                joint[x2] += p1[x1] * p2[x2] * next_probs([x1, x2])
-    return joint
+    return law_after_the_first_token(next_probs, vocab, 3)
 
 
 def assert_follows(counts: torch.Tensor, exact: torch.Tensor) -> None:

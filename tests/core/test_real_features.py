@@ -8,6 +8,7 @@ profile, the cost model, the controller's pricing and offload all key on those i
 import pytest
 import torch
 
+from moe_spec.experiments.runner import left_pad
 from moe_spec import LookupDrafter, SpecDecoder, TreeBudget
 from moe_spec.core.sampling import SamplingConfig
 from moe_spec.core.stats import GenerationStats
@@ -76,9 +77,8 @@ def test_every_drafter_and_policy_equals_transformers_greedy(profiled, drafter):
 def test_a_ragged_batch_under_moe_aware_decodes_each_row_as_alone(profiled):
     name, model, target, profile = profiled
     rows = [REPETITIVE_PROMPT, PLAIN_PROMPT[:4], PLAIN_PROMPT + REPETITIVE_PROMPT, [7, 7, 7]]
-    width = max(map(len, rows))
-    ids = torch.tensor([[0] * (width - len(r)) + r for r in rows])
-    mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows])
+    ids, mask = left_pad([torch.tensor([r]) for r in rows], pad=0)  # [B, width] each
+    width = ids.shape[1]
     result = SpecDecoder(target, drafter=LookupDrafter(), controller=MoeAwareController(profile)).generate(
         ids, attention_mask=mask, max_new_tokens=16)
     for row, prompt in enumerate(rows):

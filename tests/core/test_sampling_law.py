@@ -19,10 +19,11 @@ import torch
 from scipy.stats import chi2, chisquare, ncx2
 from transformers.generation.logits_process import TemperatureLogitsWarper, TopPLogitsWarper
 
+from moe_spec.experiments.runner import left_pad
 from moe_spec import SpecDecoder, TreeBudget
 from moe_spec.core.target import TargetModel
 from moe_spec.drafters.eagle import EagleDrafter
-from moe_spec.testing.helpers import random_eagle_head
+from moe_spec.testing.helpers import law_after_the_first_token, random_eagle_head
 from moe_spec.testing.tiny_models import tiny_model
 
 VOCAB = 3
@@ -39,21 +40,12 @@ def reference_law(model, prompt: list[int], temperature: float, top_p: float | N
     warpers = [TemperatureLogitsWarper(temperature)] + ([TopPLogitsWarper(top_p)] if top_p is not None else [])
 
     def next_probs(tokens: list[int]) -> torch.Tensor:
-        with torch.no_grad():
-            scores = model(torch.tensor([prompt + tokens])).logits[:, -1].double()
+        scores = model(torch.tensor([prompt + tokens])).logits[:, -1].double()
         for warp in warpers:
             scores = warp(None, scores)
         return scores.softmax(-1)[0]
 
-    law = torch.zeros(VOCAB, VOCAB, VOCAB, dtype=torch.float64)  # [x2, x3, x4]
-    p1 = next_probs([])
-    for x1 in range(VOCAB):
-        p2 = next_probs([x1])
-        for x2 in range(VOCAB):
-            p3 = next_probs([x1, x2])
-            for x3 in range(VOCAB):
-                law[x2, x3] += p1[x1] * p2[x2] * p3[x3] * next_probs([x1, x2, x3])
-    return law
+    return law_after_the_first_token(next_probs, VOCAB, 4)  # [x2, x3, x4]
 
 
 def merged_cells(counts: torch.Tensor, law: torch.Tensor, draws: int):
@@ -77,9 +69,8 @@ def sampled_counts(model, temperature: float, top_p: float = 1.0) -> list[torch.
     target = TargetModel(model)
     drafter = EagleDrafter(random_eagle_head(target, draft_vocab=VOCAB), target, TreeBudget(2, 2, 1))
     decoder = SpecDecoder(target, drafter=drafter)
-    width = max(map(len, PROMPTS))
-    ids = torch.tensor([[0] * (width - len(PROMPTS[p])) + PROMPTS[p] for p in ROWS])
-    mask = torch.tensor([[0] * (width - len(PROMPTS[p])) + [1] * len(PROMPTS[p]) for p in ROWS])
+    ids, mask = left_pad([torch.tensor([PROMPTS[p]]) for p in ROWS], pad=0)  # [B, width] each
+    width = ids.shape[1]
     generator = torch.Generator().manual_seed(11)
     counts = [torch.zeros(VOCAB, VOCAB, VOCAB) for _ in PROMPTS]
     drafted = 0

@@ -8,6 +8,7 @@ mask that ignored it would decode other tokens (the last test shows that it does
 import pytest
 import torch
 
+from moe_spec.experiments.runner import left_pad
 from moe_spec import LookupDrafter, SpecDecoder, TreeBudget
 from moe_spec.policy.static import StaticController
 from moe_spec.core.target import TargetModel
@@ -60,9 +61,8 @@ def test_a_ragged_batch_past_the_window_decodes_each_row_as_alone(arch):
     masks do over a row's own tokens."""
     model = windowed(arch)
     rows = [PROMPT, PLAIN_PROMPT + REPETITIVE_PROMPT, REPETITIVE_PROMPT[:6]]
-    width = max(map(len, rows))
-    ids = torch.tensor([[0] * (width - len(r)) + r for r in rows])
-    mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows])
+    ids, mask = left_pad([torch.tensor([r]) for r in rows], pad=0)  # [B, width] each
+    width = ids.shape[1]
     target = TargetModel(model)
     for drafter in ("lookup", "eagle"):
         result = SpecDecoder(target, drafter=_drafter(drafter, target), controller=StaticController(

@@ -77,7 +77,7 @@ def test_sampled_drop_in_tokens_follow_the_targets_own_law():
     a drop-in that only reproduced itself would pass the test above and fail this one."""
     from moe_spec.drafters.eagle import EagleDrafter
     from moe_spec.core.target import TargetModel
-    from moe_spec.testing.helpers import assert_follows, random_eagle_head
+    from moe_spec.testing.helpers import assert_follows, law_after_the_first_token, random_eagle_head
 
     vocab, prompt = 6, [1, 4, 2, 5]
     model = tiny_model("qwen3_moe", vocab_size=vocab, seed=4)
@@ -85,16 +85,9 @@ def test_sampled_drop_in_tokens_follow_the_targets_own_law():
     drafter = EagleDrafter(random_eagle_head(target, draft_vocab=vocab), target, TreeBudget(8, 2, 3))
 
     def probs(tokens):
-        with torch.no_grad():
-            return model(torch.tensor([prompt + tokens])).logits[0, -1].double().softmax(-1)
+        return model(torch.tensor([prompt + tokens])).logits[0, -1].double().softmax(-1)
 
-    exact = torch.zeros(vocab, vocab, dtype=torch.float64)
-    with torch.no_grad():
-        p1 = probs([])
-        for x1 in range(vocab):
-            p2 = probs([x1])
-            for x2 in range(vocab):
-                exact[x2] += p1[x1] * p2[x2] * probs([x1, x2])
+    exact = law_after_the_first_token(probs, vocab, 3)  # [V, V]
     counts = torch.zeros(vocab, vocab)
     generator = torch.Generator().manual_seed(21)
     ids = torch.tensor([prompt])

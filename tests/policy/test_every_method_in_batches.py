@@ -5,6 +5,7 @@ drafts verified and accepted (so the comparison is not plain decoding against it
 import pytest
 import torch
 
+from moe_spec.experiments.runner import left_pad
 from moe_spec import LookupDrafter, SpecDecoder
 from moe_spec.core.stats import GenerationStats
 from moe_spec.core.target import TargetModel
@@ -35,9 +36,8 @@ def test_every_method_decodes_a_ragged_batch_with_a_finished_row_as_each_row_alo
     model, target, profile = profiled
     alone = [hf_greedy(model, p, NEW_TOKENS)[0, len(p):].tolist() for p in ROWS]
     eos = alone[1][3]  # row 1 stops at its 4th token; other rows stop wherever they produce it
-    width = max(map(len, ROWS))
-    ids = torch.tensor([[0] * (width - len(r)) + r for r in ROWS])
-    mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in ROWS])
+    ids, mask = left_pad([torch.tensor([r]) for r in ROWS], pad=0)  # [B, width] each
+    width = ids.shape[1]
     controller = build_controller(method, lambda: profile)
     drafter = None if method == AR else LookupDrafter()
     result = SpecDecoder(target, drafter=drafter, controller=controller).generate(
