@@ -70,8 +70,10 @@ class AttentionWindow:
 
 
 def default_feature_layers(num_layers: int) -> tuple[int, ...]:
-    """Low, middle and last hidden states, as EAGLE-3 fuses them (indices into `hidden_states`)."""
-    return tuple(sorted({min(2, num_layers), max(num_layers // 2, 1), num_layers}))
+    """EAGLE-3's low, middle and high hidden states (indices into `hidden_states`): the inputs of
+    layers 2, N // 2 and N - 3 for N >= 4; a shallower target's are clamped into 1..N (layer outputs,
+    never the embeddings). A drafter that fuses other layers sets `TargetModel.feature_layers` to its own."""
+    return min(2, num_layers), max(num_layers // 2, 1), max(num_layers - 3, 1)
 
 
 def synchronize(device: torch.device) -> None:

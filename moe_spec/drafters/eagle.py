@@ -57,7 +57,7 @@ from moe_spec.core.drafting import EAGLE2_BUDGET, DraftPricer, TreeBudget
 from moe_spec.core.sampling import SamplingConfig, probabilities
 from moe_spec.core.target import TargetModel
 from moe_spec.core.tree import DraftTree
-from moe_spec.drafters.eagle_head import EagleHead, check_fits
+from moe_spec.drafters.eagle_head import EagleHead
 from moe_spec.drafters.head_runner import HeadRunner
 
 NEG_INF = float("-inf")
@@ -67,9 +67,10 @@ class EagleDrafter:
     """A `moe_spec.core.drafting.BatchDrafter` for any number of rows."""
 
     def __init__(self, head: EagleHead, target: TargetModel, budget: TreeBudget | None = None):
-        check_fits(head.config, target)
+        head.check_fits(target)
+        target.feature_layers = head.config.feature_layers_for(target.num_layers)  # the layers this head fuses
         self.head = head.eval()
-        self.embed = target.model.get_input_embeddings()  # the target's, frozen, used as is
+        self.embed = target.model.get_input_embeddings()  # the target's, frozen, used as is where the head has none
         self.default_budget = budget or EAGLE2_BUDGET
         self._device = self.embed.weight.device
         self.head.to(self._device)
@@ -142,7 +143,7 @@ class EagleDrafter:
         caps = [min(d, budget.max_depth, budget.max_nodes) for d in max_depths]  # each row's depth
         if max(caps) <= 0:
             return [DraftTree.root_only(r) for r in roots]
-        width = min(budget.branching, budget.max_nodes, self.head.config.draft_vocab_size)
+        width = min(budget.branching, budget.max_nodes, self.head.config.draft_vocab)
         with torch.inference_mode():
             runner = self._runner
             runner.refresh()

@@ -75,7 +75,8 @@ def assert_follows(counts: torch.Tensor, exact: torch.Tensor) -> None:
 def random_eagle_head(target, draft_vocab: int = 64, seed: int = 0):
     """A random EAGLE head for `target` over `draft_vocab` random target tokens, made decisive (a
     wide output layer) so its trees are not near-uniform. Seeded by its own generator."""
-    from moe_spec.drafters.eagle_head import EagleHead, config_for_target
+    from moe_spec.drafters.eagle_config import config_for_target
+    from moe_spec.drafters.eagle_head import EagleHead
 
     generator = torch.Generator().manual_seed(seed)
     d2t = torch.randperm(target.vocab_size, generator=generator)[:draft_vocab]

@@ -33,7 +33,8 @@ from accelerate.utils import broadcast
 from torch import nn
 from tqdm import tqdm
 
-from moe_spec.drafters.eagle_head import EagleHead, config_for_target
+from moe_spec.drafters.eagle_config import config_for_target
+from moe_spec.drafters.eagle_head import EagleHead
 from moe_spec.core.target import TargetModel
 
 META_FILE = "moe_spec_meta.json"
@@ -228,14 +229,16 @@ def train_draft(target: TargetModel, data: TokenData, settings: DraftTrainSettin
     evaluation = evaluate(head, target, data.heldout, settings)
     meta = {
         "command": command,
-        "target": {k: v for k, v in head.config.fingerprint.items()},
+        "target": {"model_type": target.spec.model_type, "vocab_size": target.vocab_size,
+                   "hidden_size": int(target.config.hidden_size), "num_hidden_layers": target.num_layers,
+                   "aux_layers": list(head.config.aux_layers)},
         "seed": settings.seed,
         "torch_threads": torch.get_num_threads(),
         "minutes": round(train_minutes, 2),
         "steps": trained.steps,
         "tokens_seen": trained.steps * settings.batch_size * (settings.prompt_len + settings.continuation_len),
         "processes": accelerator.num_processes,
-        "draft_vocab_size": head.config.draft_vocab_size,
+        "draft_vocab_size": head.config.draft_vocab,
         "first_train_loss_per_pass": [round(x, 4) for x in trained.first_loss.tolist()],
         "final_train_loss_per_pass": [round(x, 4) for x in trained.running_loss.tolist()],  # running mean
         **evaluation,

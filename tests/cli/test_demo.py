@@ -10,7 +10,8 @@ import torch
 from moe_spec.cli import demo as demo_command
 from moe_spec.cli.default_method import FALLBACK_METHOD
 from moe_spec.cli.main import main
-from moe_spec.drafters.eagle_head import EagleHead, config_for_target
+from moe_spec.drafters.eagle_config import config_for_target
+from moe_spec.drafters.eagle_head import EagleHead
 from moe_spec.core.target import TargetModel
 from moe_spec.testing.tiny_models import tiny_model
 

@@ -142,27 +142,27 @@ def test_save_and_reload_round_trip(qwen, tmp_path):
 @pytest.mark.parametrize(
     "other, named",
     [
-        (dict(model_type="deepseek_v3"), "model_type"),
-        (dict(model_type="qwen3_moe", vocab_size=128), "vocab_size"),
-        (dict(model_type="qwen3_moe", hidden_size=64, head_dim=16), "hidden_size"),
-        (dict(model_type="qwen3_moe", num_hidden_layers=4), "num_hidden_layers"),
+        (dict(vocab_size=128), "vocab_size"),
+        (dict(hidden_size=64, head_dim=16), "target_hidden_size"),
+        (dict(num_hidden_layers=1), "aux layers"),
     ],
 )
 def test_loading_against_another_target_names_the_mismatch(qwen, tmp_path, other, named):
     target, head = qwen
     head.save_pretrained(tmp_path)
-    overrides = {k: v for k, v in other.items() if k != "model_type"}
-    other_target = TargetModel(tiny_model(other["model_type"], **overrides))
+    other_target = TargetModel(tiny_model("qwen3_moe", **other))
     with pytest.raises(DraftHeadMismatchError, match=named) as info:
         EagleDrafter.from_pretrained(tmp_path, other_target)
     assert isinstance(info.value, MoeSpecError)
 
 
-def test_other_feature_layers_are_a_mismatch(qwen, tmp_path):
+def test_the_target_captures_the_layers_the_head_fuses(qwen):
+    """A head names the target layers it reads (or takes EAGLE's default); its drafter makes the target
+    capture those, whatever it captured before."""
     target, head = qwen
-    head.save_pretrained(tmp_path)
-    with pytest.raises(DraftHeadMismatchError, match="feature_layers"):
-        EagleDrafter.from_pretrained(tmp_path, TargetModel(target.model, feature_layers=(0, 2)))
+    other = TargetModel(target.model, feature_layers=(0, 2))
+    EagleDrafter(head, other)
+    assert other.feature_layers == head.config.feature_layers_for(other.num_layers) == (2, 1, 1)
 
 
 def test_loading_a_folder_without_a_head_is_a_clear_error(qwen, tmp_path):
@@ -218,8 +218,8 @@ def test_the_drafter_follows_changes_to_the_head_weights(qwen):
     drafter = _begun(target, head, prompt)
     before = _propose(drafter, int(prompt[-1]), TreeBudget(10, 3, 3), SamplingConfig())
     with torch.no_grad():
-        head.layer.mlp.gate_proj.weight.mul_(-1.0)
-        head.layer.self_attn.q_proj.weight.mul_(3.0)
+        head.layers[0].mlp.gate_proj.weight.mul_(-1.0)
+        head.layers[0].self_attn.q_proj.weight.mul_(3.0)
     changed = _propose(drafter, int(prompt[-1]), TreeBudget(10, 3, 3), SamplingConfig())
     fresh = _propose(_begun(target, head, prompt), int(prompt[-1]), TreeBudget(10, 3, 3), SamplingConfig())
     assert torch.equal(changed.tokens, fresh.tokens) and torch.allclose(changed.scores, fresh.scores, atol=1e-5)

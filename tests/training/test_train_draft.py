@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from moe_spec.drafters.eagle import EagleDrafter
-from moe_spec.drafters.eagle_head import EagleHead, config_for_target
+from moe_spec.drafters.eagle_config import config_for_target
+from moe_spec.drafters.eagle_head import EagleHead
 from moe_spec.core.engine import SpecDecoder
 from moe_spec.core.target import TargetModel
 from moe_spec.testing.tiny_models import tiny_model
