@@ -6,6 +6,7 @@ from moe_spec.core.engine import GenerationResult, SpecDecoder
 from moe_spec.errors import DrafterError, InputError, MoeSpecError, UnsupportedArchitectureError
 from moe_spec.core.routing import Routing, RoutingRecorder
 from moe_spec.core.target import TargetModel
+from moe_spec.integrations.decoder import decoder
 from moe_spec.core.tree import DraftTree
 
 __all__ = [
@@ -24,4 +25,5 @@ __all__ = [
     "TargetModel",
     "TreeBudget",
     "UnsupportedArchitectureError",
+    "decoder",
 ]

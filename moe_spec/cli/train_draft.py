@@ -1,4 +1,4 @@
-"""`moe-spec train-draft`: train an EAGLE-style draft head for a target (see `moe_spec.training.train_draft`).
+"""`moe-spec train-draft`: train an EAGLE-3 draft head for a target (see `moe_spec.training.train_draft`).
 
     moe-spec train-draft --target runs/default_target/model --out runs/default_draft --minutes 20
     accelerate launch -m moe_spec.cli.main train-draft --target ... --out ...   # data-parallel

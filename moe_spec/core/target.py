@@ -70,10 +70,17 @@ class AttentionWindow:
 
 
 def default_feature_layers(num_layers: int) -> tuple[int, ...]:
-    """EAGLE-3's low, middle and high hidden states (indices into `hidden_states`): the inputs of
-    layers 2, N // 2 and N - 3 for N >= 4; a shallower target's are clamped into 1..N (layer outputs,
-    never the embeddings). A drafter that fuses other layers sets `TargetModel.feature_layers` to its own."""
-    return min(2, num_layers), max(num_layers // 2, 1), max(num_layers - 3, 1)
+    """Low, middle and high hidden states (indices into `hidden_states`) for a new EAGLE-3 head: EAGLE's
+    own choice, the inputs of layers 2, N // 2 and N - 3, where those are three distinct layers (N >= 7).
+    A shallower target gets three distinct ids spread over its layers, ascending and below N where it
+    has three (vLLM captures each layer once, in ascending order, and its `hidden_states[N]` is before
+    the final norm where transformers' is after). A drafter that fuses other layers sets
+    `TargetModel.feature_layers` to its own."""
+    if num_layers >= 7:
+        return 2, num_layers // 2, num_layers - 3
+    if num_layers <= 3:  # a one-layer target has two hidden states to fuse
+        return tuple(range(min(3, num_layers + 1)))
+    return 1, (num_layers + 1) // 2, num_layers - 1
 
 
 def synchronize(device: torch.device) -> None:

@@ -14,7 +14,6 @@ from dataclasses import dataclass, replace
 
 from transformers import LlamaConfig, PretrainedConfig, Qwen3Config
 
-from moe_spec.core.target import default_feature_layers
 
 # the Llama config fields a head's layer may carry; anything else in `layer` is ignored by the
 # head (a published config.json carries bos/eos ids, torch_dtype and other serving fields)
@@ -27,7 +26,7 @@ LAYER_FIELDS = ("hidden_size", "intermediate_size", "num_attention_heads", "num_
 class EagleConfig:
     layer: dict  # Llama-style fields of the head's decoder layers (`LAYER_FIELDS`)
     vocab_size: int  # the target's vocabulary
-    aux_layers: tuple[int, ...]  # indices into the target's `hidden_states`, fused low to high; (): EAGLE's default
+    aux_layers: tuple[int, ...]  # indices into the target's `hidden_states`, ascending; (): EAGLE's default
     target_hidden_size: int = 0  # 0: the head's hidden size
     draft_vocab_size: int = 0  # 0: the target's vocabulary
     num_layers: int = 1
@@ -53,6 +52,9 @@ class EagleConfig:
             raise ValueError(f"draft_vocab_size {self.draft_vocab_size} must be in 1..{self.vocab_size} (vocab_size)")
         if self.aux_layers and min(self.aux_layers) < 0:
             raise ValueError(f"aux_layers must be hidden-state indices >= 0, got {list(self.aux_layers)}")
+        if any(b <= a for a, b in zip(self.aux_layers, self.aux_layers[1:])):
+            # every engine captures each layer once, in ascending order, and fuses them in that order
+            raise ValueError(f"aux_layers must be distinct and ascending, got {list(self.aux_layers)}")
         if self.norm_before_fc and self.fc_norm:
             raise ValueError("norm_before_fc and fc_norm exclude each other")
         if self.num_layers < 1:
@@ -86,8 +88,8 @@ class EagleConfig:
         return len(self.aux_layers) or 3
 
     def feature_layers_for(self, num_layers: int) -> tuple[int, ...]:
-        """The target `hidden_states` this head fuses, for an N-layer target."""
-        return self.aux_layers or default_feature_layers(num_layers)
+        """The target `hidden_states` this head fuses, for an N-layer target: its own, else EAGLE's default."""
+        return self.aux_layers or eagle_default_layers(num_layers)
 
     def with_changes(self, **changes) -> "EagleConfig":
         return replace(self, **changes)
@@ -101,6 +103,12 @@ class EagleConfig:
             config.sliding_window = None
         config._attn_implementation = "sdpa"  # takes the float additive tree mask as is
         return config
+
+
+def eagle_default_layers(num_layers: int) -> tuple[int, int, int]:
+    """The layers a published head that names none fuses: `hidden_states[2, N // 2, N - 3]`, the inputs
+    of those layers, as EAGLE, SpecForge, speculators and vLLM all default."""
+    return 2, num_layers // 2, num_layers - 3
 
 
 def _canonical(layer: dict) -> dict:

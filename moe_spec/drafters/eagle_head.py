@@ -85,8 +85,10 @@ class EagleHead(nn.Module):
         if self.embed_tokens is None and config.hidden_size != int(text.hidden_size):
             problems.append(f"hidden_size: head is {config.hidden_size} wide and has no embed_tokens of its own, "
                             f"so it needs the target's embedding, {int(text.hidden_size)} wide")
-        if config.aux_layers and max(config.aux_layers) > target.num_layers:
-            problems.append(f"aux layers {list(config.aux_layers)}: the target has hidden states 0..{target.num_layers}")
+        layers = config.feature_layers_for(target.num_layers)
+        if min(layers) < 0 or max(layers) > target.num_layers:
+            named = "aux layers" if config.aux_layers else "aux layers (EAGLE's default, the head names none)"
+            problems.append(f"{named} {list(layers)}: the target has hidden states 0..{target.num_layers}")
         if problems:
             raise DraftHeadMismatchError("draft head does not fit this target; " + "; ".join(problems))
 

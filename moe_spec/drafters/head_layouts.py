@@ -45,6 +45,7 @@ from moe_spec.tensor_file import TensorFileError, check_expected, read_header, r
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
 LEGACY_WEIGHTS_FILE = "pytorch_model.bin"  # the EAGLE authors' heads
+SHARD_INDEX_FILE = "model.safetensors.index.json"  # a large head (a big vocabulary) saved in shards
 LAYOUTS = ("speculators", "specforge", "eagle", "angelslim")
 OLD_MOE_SPEC_KIND = "moe_spec.eagle_head"
 _MAX_CONFIG_BYTES = 2**20
@@ -96,6 +97,15 @@ def detect_layout(raw: dict, path: Path) -> str:
     raise HeadFileError(f"{path} is not an EAGLE-3 head config: expected speculators_model_type 'eagle3' or "
                         f"architectures [{_EAGLE_ARCHITECTURE!r}] (EAGLE, SpecForge) or [{_ANGELSLIM_ARCHITECTURE!r}] "
                         f"(AngelSlim), got architectures {architectures!r}")
+
+
+def _layer_ids(raw: dict, name: str, path: Path, where: str = "") -> tuple[int, ...]:
+    """Feature layer ids as a file lists them, in the ascending order every engine captures and fuses
+    them in (vLLM, SGLang and EAGLE walk the target's layers once); a layer named twice is refused."""
+    ids = _field(raw, name, "ids", path, (), where)
+    if len(set(ids)) != len(ids):
+        raise HeadFileError(f"{path}: {where}{name} {ids} names a layer twice; engines capture each layer once")
+    return tuple(sorted(ids))
 
 
 def _field(raw: dict, name: str, kind: str, path: Path, default=None, where: str = ""):
@@ -154,7 +164,7 @@ def config_from_raw(raw: dict, layout: str, path: Path) -> EagleConfig:
         verifier = ((raw.get("speculators_config") or {}).get("verifier") or {}).get("name_or_path") or ""
         fields = dict(
             layer=_layer_fields(layer_raw, path, where), vocab_size=vocab,
-            aux_layers=tuple(_field(raw, "eagle_aux_hidden_state_layer_ids", "ids", path, ())),
+            aux_layers=_layer_ids(raw, "eagle_aux_hidden_state_layer_ids", path),
             target_hidden_size=_field(raw, "target_hidden_size", "int", path, 0),
             draft_vocab_size=_field(raw, "draft_vocab_size", "int", path, 0),
             num_layers=_field(layer_raw, "num_hidden_layers", "int", path, 1, where),
@@ -173,13 +183,13 @@ def config_from_raw(raw: dict, layout: str, path: Path) -> EagleConfig:
             eagle = raw["eagle_config"]
             if not isinstance(eagle, dict):
                 raise HeadFileError(f"{path}: eagle_config must be an object, got {eagle!r}")
-            outputs = _field(eagle, "eagle_aux_hidden_state_layer_ids", "ids", path, (), "eagle_config.")
-            if outputs and min(outputs) < 0:
-                raise HeadFileError(f"{path}: eagle_config.eagle_aux_hidden_state_layer_ids must be layer ids >= 0, "
-                                    f"got {outputs}")
+            outputs = _layer_ids(eagle, "eagle_aux_hidden_state_layer_ids", path, "eagle_config.")
+            if outputs and min(outputs) < -1:
+                raise HeadFileError(f"{path}: eagle_config.eagle_aux_hidden_state_layer_ids must be layer ids >= -1 "
+                                    f"(-1: the embeddings), got {list(outputs)}")
             aux = tuple(i + 1 for i in outputs)  # the output of layer i is hidden_states[i + 1]
         else:
-            aux = tuple(_field(raw, "eagle_aux_hidden_state_layer_ids", "ids", path, ()))  # moe_spec's extension
+            aux = _layer_ids(raw, "eagle_aux_hidden_state_layer_ids", path)  # moe_spec's extension
         num_layers = _field(raw, "num_hidden_layers", "int", path, 1)
         if num_layers != 1:
             raise HeadFileError(f"{path}: num_hidden_layers {num_layers}: the {layout} layout holds one layer "
@@ -238,7 +248,7 @@ def load_head(directory: str | Path, dtype: torch.dtype | None = torch.float32) 
     with_embedding = "embed_tokens.weight" in names
     with_vocab_map = "d2t" in names or "t2d" in names or config.draft_vocab != config.vocab_size
     expected = expected_tensors(config, layout, with_embedding, with_vocab_map)
-    state = _read_weights(path, expected)
+    state = _read_weights(path, expected, names)
     not_float = sorted(k for k, v in state.items() if k not in ("d2t", "t2d") and not v.is_floating_point())
     if not_float:
         raise TensorFileError(f"{path}: weights {not_float[:5]} are not floating point")
@@ -255,15 +265,19 @@ def load_head(directory: str | Path, dtype: torch.dtype | None = torch.float32) 
     return head.eval()
 
 
-def _weights_header(directory: Path) -> tuple[Path, set[str]]:
-    """The weights file of a head folder and the tensor names its header (or pickle) declares."""
+def _weights_header(directory: Path) -> tuple[Path, dict[str, Path] | set[str]]:
+    """The weights file of a head folder and the tensor names its header (or pickle) declares; for a
+    sharded head, its index and each name's shard."""
     path = directory / WEIGHTS_FILE
     if path.is_file():
         return path, set(read_header(path))
+    index = directory / SHARD_INDEX_FILE
+    if index.is_file():
+        return index, _shards(index)
     legacy = directory / LEGACY_WEIGHTS_FILE
     if legacy.is_file():
         return legacy, set(_torch_file(legacy))
-    raise HeadFileError(f"{directory} has no {WEIGHTS_FILE} (or {LEGACY_WEIGHTS_FILE})")
+    raise HeadFileError(f"{directory} has no {WEIGHTS_FILE} (nor {SHARD_INDEX_FILE} or {LEGACY_WEIGHTS_FILE})")
 
 
 def _torch_file(path: Path) -> dict[str, torch.Tensor]:
@@ -277,9 +291,34 @@ def _torch_file(path: Path) -> dict[str, torch.Tensor]:
     return state
 
 
-def _read_weights(path: Path, expected: dict) -> dict[str, torch.Tensor]:
+def _shards(index: Path) -> dict[str, Path]:
+    """tensor name -> shard file, from a safetensors index whose shards all lie in its folder."""
+    raw = read_config_file(index)
+    weight_map = raw.get("weight_map")
+    if not isinstance(weight_map, dict) or not weight_map:
+        raise HeadFileError(f"{index}: weight_map must be a non-empty object of tensor name -> shard file")
+    shards = {}
+    for name, file in weight_map.items():
+        if not isinstance(file, str) or Path(file).name != file:
+            raise HeadFileError(f"{index}: the shard of {name!r} must be a file name in the same folder, got {file!r}")
+        shard = index.parent / file
+        if not shard.is_file():
+            raise HeadFileError(f"{index} names shard {file}, which is not in {index.parent}")
+        shards[name] = shard
+    return shards
+
+
+def _read_weights(path: Path, expected: dict, names) -> dict[str, torch.Tensor]:
     if path.name == WEIGHTS_FILE:
         return read_tensors(path, expected)
+    if path.name == SHARD_INDEX_FILE:  # the index names exactly the expected tensors, each shard holds its share
+        missing, extra = sorted(set(expected) - set(names)), sorted(set(names) - set(expected))
+        if missing or extra:
+            raise TensorFileError(f"{path} indexes other tensors than expected: missing {missing[:5]}, unexpected {extra[:5]}")
+        state = {}
+        for shard in sorted(set(names.values())):
+            state.update(read_tensors(shard, {n: expected[n] for n, s in names.items() if s == shard}))
+        return state
     state = _torch_file(path)
     header = {name: {"shape": list(t.shape), "dtype": _dtype_name(t.dtype)} for name, t in state.items()}
     check_expected(path, header, expected)
@@ -388,10 +427,7 @@ def _config_raw(config: EagleConfig, layout: str, dtype: torch.dtype, ttt_steps:
         raw["target_hidden_size"] = config.target_hidden_size
     if config.norm_before_residual:
         raw["norm_before_residual"] = True
-    if layout == "specforge":
-        if config.aux_layers and min(config.aux_layers) < 1:
-            raise MoeSpecError(f"the specforge layout names feature layers by layer output; hidden state "
-                               f"{min(config.aux_layers)} (the embeddings) is none: save it in the speculators layout")
+    if layout == "specforge":  # layer outputs: hidden state i is the output of layer i - 1 (-1: the embeddings)
         raw["eagle_config"] = {"use_aux_hidden_state": True}
         if config.aux_layers:
             raw["eagle_config"]["eagle_aux_hidden_state_layer_ids"] = [i - 1 for i in config.aux_layers]

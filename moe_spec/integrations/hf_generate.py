@@ -68,7 +68,6 @@ function (e.g. `temperature=nan` with `do_sample=True`, `top_k=2.5`) stays trans
 
 from __future__ import annotations
 
-import warnings
 from pathlib import Path
 
 import torch
@@ -84,8 +83,8 @@ from moe_spec.core.step_record import DecodeObserver
 from moe_spec.errors import InputError
 from moe_spec.core.target import TargetModel
 from moe_spec.loading import load_drafter
+from moe_spec.integrations.decoder import method_for
 from moe_spec.offload.offloaded_experts import ExpertOffload
-from moe_spec.policy.registry import FALLBACK_METHOD, MethodContext, build_method
 from moe_spec.profile.artifact import Profile
 
 _SAMPLING_WARPERS = (TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper)
@@ -162,29 +161,7 @@ def _drafter_and_controller(target: TargetModel, drafter, controller, method: st
     """The drafter and controller to decode with: as given, or method `method` of the registry."""
     if isinstance(drafter, str):
         drafter = load_drafter(drafter, target)
-    if method is None:
-        if controller is not None or drafter is None:
-            if profile is not None:
-                raise InputError("profile= is read by method= only; pass a method, or build the controller from it")
-            return drafter, controller
-        method = _default_method(profile)
-    if controller is not None:
-        raise InputError(f"give method= or controller=, not both (got method={method!r} and a {type(controller).__name__})")
-    load_profile = None if profile is None else (
-        lambda: profile if isinstance(profile, Profile) else Profile.load(profile, target))
-    context = MethodContext(target, lambda: drafter, load_profile, drafter_option="drafter=", profile_option="profile=")
-    built = build_method(method, context)
-    return built.drafter, built.controller
-
-
-def _default_method(profile) -> str:
-    """A drafter and neither method= nor controller=: `moe-aware` on profile=, else the best fixed tree."""
-    if profile is not None:
-        return "moe-aware"
-    warnings.warn(f"speculative_generate: no profile= of this target, so drafting {FALLBACK_METHOD} (the best fixed "
-                  f"tree measured so far) rather than the cost-aware moe-aware; `moe-spec profile` makes one",
-                  stacklevel=3)
-    return FALLBACK_METHOD
+    return method_for(target, drafter, method, profile, caller="speculative_generate", controller=controller)
 
 
 def _check_arguments(drafter, controller, method, profile, observer) -> None:

@@ -1,4 +1,4 @@
-"""Train an EAGLE-style draft head for a target by self-distillation on the fly.
+"""Train an EAGLE-3 draft head for a target by self-distillation on the fly.
 
 Each step takes B corpus windows, lets the target continue them (half greedy, half sampled at
 temperature 1, a few dozen tokens), runs one target forward over prompt + continuation for its
@@ -14,8 +14,9 @@ corpus and the target's own continuations (each normalised, equal weight).
     moe-spec train-draft --target runs/default_target/model --out runs/default_draft --minutes 20
 
 Built on `accelerate.Accelerator`, so `accelerate launch -m moe_spec.cli.main train-draft ...` runs
-data-parallel; on one CPU it is a plain loop. The command line is `moe_spec/cli/train_draft.py`. Saves config.json + model.safetensors (bf16) and
-moe_spec_meta.json (command, minutes, steps, coverage, held-out agreement with the target).
+data-parallel; on one CPU it is a plain loop. The command line is `moe_spec/cli/train_draft.py`. Saves the
+head in the speculators layout (config.json + model.safetensors, bf16; vLLM serves it with `method:
+eagle3`) and moe_spec_meta.json (command, minutes, steps, coverage, held-out agreement with the target).
 """
 
 from __future__ import annotations

@@ -160,9 +160,9 @@ def test_the_target_captures_the_layers_the_head_fuses(qwen):
     """A head names the target layers it reads (or takes EAGLE's default); its drafter makes the target
     capture those, whatever it captured before."""
     target, head = qwen
-    other = TargetModel(target.model, feature_layers=(0, 2))
+    other = TargetModel(target.model, feature_layers=(1, 2))
     EagleDrafter(head, other)
-    assert other.feature_layers == head.config.feature_layers_for(other.num_layers) == (2, 1, 1)
+    assert other.feature_layers == head.config.feature_layers_for(other.num_layers) == (0, 1, 2)
 
 
 def test_loading_a_folder_without_a_head_is_a_clear_error(qwen, tmp_path):

@@ -183,7 +183,7 @@ def test_the_eagle_authors_pickled_weights_load(target, tmp_path):
     assert torch.equal(loaded.fc.weight, head.fc.weight)
 
 
-@pytest.mark.parametrize("feature_layers, named", [((7, 1, 1), "aux layers"), ((2, 1), "fc.weight: shape")])
+@pytest.mark.parametrize("feature_layers, named", [((1, 2, 7), "aux layers"), ((1, 2), "fc.weight: shape")])
 def test_feature_layers_that_the_target_lacks_are_refused(target, tmp_path, feature_layers, named):
     head = random_eagle_head(target, draft_vocab=32)
     head.config = head.config.with_changes(aux_layers=feature_layers)
@@ -197,3 +197,42 @@ def test_a_layout_that_cannot_hold_a_variant_says_so(target, tmp_path):
     deep = EagleHead(head.config.with_changes(num_layers=2), head.draft_to_target)
     with pytest.raises(MoeSpecError, match="save it in the speculators layout"):
         save_head(deep, tmp_path, "eagle")
+
+
+def test_a_sharded_head_loads_and_a_wrong_index_is_named(target, tmp_path):
+    """Heads for large vocabularies ship in safetensors shards with an index."""
+    head = random_eagle_head(target, draft_vocab=32)
+    save_head(head, tmp_path, "speculators", dtype=torch.float32)
+    state = load_file(tmp_path / WEIGHTS_FILE)
+    (tmp_path / WEIGHTS_FILE).unlink()
+    names = sorted(state)
+    halves = {"model-00001-of-00002.safetensors": names[::2], "model-00002-of-00002.safetensors": names[1::2]}
+    for file, part in halves.items():
+        save_file({n: state[n] for n in part}, tmp_path / file)
+    index = {"metadata": {}, "weight_map": {n: f for f, part in halves.items() for n in part}}
+    (tmp_path / "model.safetensors.index.json").write_text(json.dumps(index))
+    assert torch.equal(EagleHead.from_pretrained(tmp_path).fc.weight, head.fc.weight)
+    index["weight_map"].pop("norm.weight")
+    (tmp_path / "model.safetensors.index.json").write_text(json.dumps(index))
+    with pytest.raises(MoeSpecError, match="indexes other tensors than expected: missing \\['norm.weight'\\]"):
+        EagleHead.from_pretrained(tmp_path)
+    index["weight_map"]["norm.weight"] = "../elsewhere.safetensors"
+    (tmp_path / "model.safetensors.index.json").write_text(json.dumps(index))
+    with pytest.raises(MoeSpecError, match="must be a file name in the same folder"):
+        EagleHead.from_pretrained(tmp_path)
+
+
+def test_feature_layers_are_read_in_the_order_engines_fuse_them(saved):
+    """vLLM, SGLang and EAGLE capture each target layer once, walking the layers in order: a file's ids
+    are read ascending, and a layer named twice is refused."""
+    folder, _, layout = saved
+    specforge = layout == "specforge"
+
+    def set_ids(config, ids):
+        (config["eagle_config"] if specforge else config)["eagle_aux_hidden_state_layer_ids"] = ids
+
+    _edit_config(folder, lambda c: set_ids(c, [2, 0, 1]))
+    assert EagleHead.from_pretrained(folder).config.aux_layers == ((1, 2, 3) if specforge else (0, 1, 2))
+    _edit_config(folder, lambda c: set_ids(c, [1, 1, 2]))
+    with pytest.raises(MoeSpecError, match="names a layer twice"):
+        EagleHead.from_pretrained(folder)

@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# The shipped profile of the embedded pair, remade from scratch on this machine (about 4 minutes on
+# 2 cores; run it alone, it times the target). Writes moe_spec/assets/default_profile.{json,npz}.
+#
+#   scripts/make_default_profile.sh [OUT_DIR]      # OUT_DIR: where the stages write (default runs/profile)
+#
+# 1. `moe-spec profile`: cost model, latency grid, greedy acceptance calibration, routing, token table;
+# 2. `scripts/profile_sampling.py`: acceptance per sampling setting and candidate scheme;
+# 3. `scripts/fit_head_routing.py`: the routing predictor over the draft head's outputs.
+# Remake it whenever the embedded target or its draft head changes: every stage reads the head.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PYTHON=${PYTHON:-.venv/bin/python}
+OUT=${1:-runs/profile}
+PROMPTS=configs/bench/profile.jsonl
+"$PYTHON" -m moe_spec.cli.main profile --config configs/profile_default.yaml --out "$OUT/profile.json" --plots "$OUT/plots"
+"$PYTHON" scripts/profile_sampling.py --profile "$OUT/profile.json" --prompts "$PROMPTS" --settings 1.0 0.7:0.9
+"$PYTHON" scripts/fit_head_routing.py --profile "$OUT/profile.json" --prompts "$PROMPTS" --out "$OUT/profile.json"
+cp "$OUT/profile.json" moe_spec/assets/default_profile.json
+cp "$OUT/profile.npz" moe_spec/assets/default_profile.npz
+echo "wrote moe_spec/assets/default_profile.json and .npz from $OUT"
