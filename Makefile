@@ -2,8 +2,10 @@ PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+VLLM_VENV := .venv-vllm
+VLLM_STAMP := $(VLLM_VENV)/.installed
 
-.PHONY: setup test test-quick demo clean
+.PHONY: setup vllm-env test test-quick demo clean
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -15,7 +17,14 @@ $(STAMP): pyproject.toml
 
 setup: $(STAMP)
 
-test: $(STAMP)
+# vLLM's CPU build, in its own venv (it pins another transformers); the vLLM tests run it
+$(VLLM_STAMP): scripts/make_vllm_env.sh
+	PYTHON=$(PY) scripts/make_vllm_env.sh $(VLLM_VENV)
+	touch $(VLLM_STAMP)
+
+vllm-env: $(VLLM_STAMP)
+
+test: $(STAMP) $(VLLM_STAMP)
 	OMP_NUM_THREADS=2 $(BIN)/python -m pytest -q
 
 # the quick loop: everything but the tests that train, profile or execute notebooks
@@ -26,4 +35,4 @@ demo: $(STAMP)
 	$(BIN)/moe-spec demo
 
 clean:
-	rm -rf $(VENV)
+	rm -rf $(VENV) $(VLLM_VENV)

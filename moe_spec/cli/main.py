@@ -20,6 +20,7 @@ COMMANDS = {
     "train-target": ("moe_spec.cli.train_target", "train the embedded default MoE target"),
     "train-draft": ("moe_spec.cli.train_draft", "train an EAGLE-3 draft head for a target (speculators layout)"),
     "convert-head": ("moe_spec.cli.convert_head", "rewrite an EAGLE-3 head folder in another published layout"),
+    "export-vllm": ("moe_spec.cli.export_vllm", "a head and an MoE-aware speculation schedule, as a folder vLLM serves"),
     "make-tiny": ("moe_spec.cli.make_tiny", "save a tiny random model of a supported architecture"),
     "make-random": ("moe_spec.cli.make_random", "save a random MoE with a real model's shapes (e.g. OLMoE-1B-7B)"),
     "simulate": ("moe_spec.cli.simulate", "replay a bench trace under another cost model (a simulation)"),

@@ -1,0 +1,198 @@
+"""moe_spec against the real vLLM engine (its CPU build, in its own venv: `make vllm-env`).
+
+One tiny float32 Qwen3-MoE target (4 layers, head_dim 32, the smallest vLLM's CPU attention takes) is
+built here; an EAGLE-3 head is trained for it by `train_draft` for a few dozen steps; `moe-spec profile`
+profiles the pair and `moe-spec export-vllm` exports the head with its schedule, and the lookup drafter
+with moe_spec's own proposer. One script then starts each engine in turn (`engine_run.py`, a few seconds
+each) and the tests compare what vLLM did with what moe_spec does:
+
+- vLLM's greedy output equals transformers' (float32), and every speculative method's equals it;
+- vLLM's accepted tokens per chain position with the exported head equal moe_spec's own chain
+  drafting with that head on the same prompts (the parity that shows the head means the same there);
+- the exported schedule's K for the batch size is what vLLM drafted;
+- the proposer's chain lengths are what moe_spec's batch controller chooses for what it saw.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from moe_spec.cli.main import main
+from moe_spec.core.target import TargetModel
+from moe_spec.drafters.eagle import EagleDrafter
+from moe_spec.integrations.vllm.proposer import MoeSpecProposer
+from moe_spec.measure.chain_reach import chain_counts
+from moe_spec.policy.batch_chains import batch_chain_lengths
+from moe_spec.testing.tiny_models import tiny_model
+from moe_spec.training.train_draft import DraftTrainSettings, TokenData, train_draft
+
+pytestmark = pytest.mark.slow
+
+ROOT = Path(__file__).resolve().parents[2]
+VLLM_PYTHON = ROOT / ".venv-vllm" / "bin" / "python"
+ENGINE_RUN = ROOT / "moe_spec" / "integrations" / "vllm" / "engine_run.py"
+NEW_TOKENS = 24
+K = 3
+TARGET_SHAPE = dict(hidden_size=128, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, head_dim=32,
+                    num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32, vocab_size=512,
+                    max_position_embeddings=512)
+
+
+def _vllm_python() -> Path:
+    if not VLLM_PYTHON.is_file():
+        pytest.fail(f"vLLM's environment is missing ({VLLM_PYTHON}): `make vllm-env` makes it (`make test` does too)")
+    return VLLM_PYTHON
+
+
+def predictable_target(cycle: int = 6, seed: int = 0):
+    """A tiny Qwen3-MoE whose greedy text follows short cycles of tokens, so drafters have something
+    to get right: each token's embedding is the output row of the token after it in its cycle, and
+    the layers (attention, router, experts: all run) add small perturbations to that."""
+    generator = torch.Generator().manual_seed(seed)
+    model = tiny_model("qwen3_moe", seed=seed, **TARGET_SHAPE)
+    vocab = TARGET_SHAPE["vocab_size"]
+    order = torch.randperm(vocab, generator=generator)
+    following = torch.empty(vocab, dtype=torch.long)
+    for start in range(0, vocab, cycle):
+        members = order[start: start + cycle]
+        following[members] = members.roll(-1)
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if "norm" not in name:
+                parameter.copy_(torch.randn(parameter.shape, generator=generator) * 0.02)
+        embedding = model.get_input_embeddings().weight
+        embedding.copy_(torch.randn(embedding.shape, generator=generator))
+        model.lm_head.weight[following] = embedding.clone()
+    return model
+
+
+def _prompts(count: int, seed: int) -> list[torch.Tensor]:
+    """Prompts with repeats in them (so lookup has something to find), ids in the tiny vocabulary."""
+    generator = torch.Generator().manual_seed(seed)
+    out = []
+    for _ in range(count):
+        motif = torch.randint(3, 500, (int(torch.randint(3, 7, (1,), generator=generator)),), generator=generator)
+        noise = torch.randint(3, 500, (6,), generator=generator)
+        out.append(torch.cat([noise, motif, motif, motif[:2]]))
+    return out
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    """The target, head and exports on disk, and one engine run of every configuration."""
+    python = _vllm_python()
+    root = tmp_path_factory.mktemp("vllm")
+    model = predictable_target()
+    model.save_pretrained(root / "target")
+    target = TargetModel(model)
+    stream = torch.cat(_prompts(200, seed=1))
+    train_draft(target, TokenData(stream[:-300], stream[-300:]),
+                DraftTrainSettings(out=str(root / "head"), steps=60, batch_size=8, prompt_len=24, continuation_len=16,
+                                   draft_vocab=256, eval_batches=1, vocab_batches=2, lr=3e-3))
+    prompts = _prompts(6, seed=2)
+    prompt_file = root / "prompts.jsonl"
+    prompt_file.write_text("".join(json.dumps({"prompt_ids": p.tolist()}) + "\n" for p in prompts))
+    profile = root / "profile.json"
+    assert main(["profile", "--model", str(root / "target"), "--drafter", str(root / "head"), "--prompts",
+                 str(prompt_file), "--out", str(profile), "--max-new-tokens", "16", "--repeats", "1",
+                 "--grid-tokens", "1,4,16", "--grid-experts", "2,8", "--natural-trees", "4", "--batch-sizes", "2",
+                 "--prefix-len", "16"]) == 0
+    for drafter, out in ((str(root / "head"), root / "export"), ("lookup", root / "export_lookup")):
+        assert main(["export-vllm", "--model", str(root / "target"), "--drafter", drafter, "--profile", str(profile),
+                     "--prompts", str(prompt_file), "--out", str(out), "--max-k", str(K), "--max-batch", "8",
+                     "--max-new-tokens", str(NEW_TOKENS)]) == 0
+    exported = json.loads((root / "export" / "speculative_config.json").read_text())
+    job = {"model": str(root / "target"), "dtype": "float32", "prompts": [p.tolist() for p in prompts],
+           "max_tokens": NEW_TOKENS, "max_model_len": 256, "runs": [
+               {"name": "plain"},
+               {"name": "eagle3, K fixed, alone", "batch_size": 1, "speculative_config": {
+                   "method": "eagle3", "model": str(root / "export" / "head"), "num_speculative_tokens": K}},
+               {"name": "eagle3, exported schedule, B = 1", "batch_size": 1, "speculative_config": exported},
+               {"name": "eagle3, exported schedule, B = 6", "batch_size": 6, "speculative_config": exported},
+               {"name": "ngram, exported schedule", "speculative_config": json.loads(
+                   (root / "export_lookup" / "speculative_config.json").read_text())},
+               {"name": "moe_spec proposer", "speculative_config": json.loads(
+                   (root / "export_lookup" / "proposer_config.json").read_text())},
+           ]}
+    (root / "job.json").write_text(json.dumps(job))
+    log = root / "proposer_log.jsonl"
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "MOE_SPEC_PROPOSER": str(root / "export_lookup" / "proposer.json"),
+           "MOE_SPEC_PROPOSER_LOG": str(log)}
+    done = subprocess.run([str(python), str(ENGINE_RUN), str(root / "job.json"), str(root / "result.json")],
+                          env=env, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, f"vLLM run failed:\n{done.stderr[-4000:]}"
+    runs = {run["name"]: run for run in json.loads((root / "result.json").read_text())["runs"]}
+    return dict(root=root, model=model, target=target, prompts=prompts, runs=runs, exported=exported, log=log,
+                schedule=json.loads((root / "export" / "schedule.json").read_text()))
+
+
+def test_vllm_greedy_equals_transformers(world):
+    for prompt, output in zip(world["prompts"], world["runs"]["plain"]["outputs"]):
+        reference = world["model"].generate(prompt[None], do_sample=False, max_new_tokens=NEW_TOKENS,
+                                            min_new_tokens=NEW_TOKENS, eos_token_id=[], pad_token_id=0)
+        assert output == reference[0, len(prompt):].tolist()
+
+
+def test_every_speculative_method_is_lossless_in_vllm(world):
+    plain = world["runs"]["plain"]["outputs"]
+    for name, run in world["runs"].items():
+        assert run["outputs"] == plain, name
+        if name != "plain":
+            assert run["spec"]["num_drafts"] > 0, f"{name} never drafted"
+
+
+def test_vllm_accepts_per_position_what_moe_spec_accepts_with_the_same_head(world):
+    """Step by step, per request: vLLM's (drafted, accepted) with the exported head equal moe_spec's own
+    chain drafting with that head. Near the end moe_spec cuts a chain to the tokens left where vLLM
+    drafts all K (and counts what it accepts past max_tokens): those last steps are left out."""
+    drafter = EagleDrafter.from_pretrained(world["root"] / "export" / "head", world["target"])
+    ours = chain_counts(world["target"], drafter, world["prompts"], K, max_new_tokens=NEW_TOKENS)
+    theirs = world["runs"]["eagle3, K fixed, alone"]["accepted_per_step"]
+    compared = [0] * K
+    for our_steps, their_steps in zip(ours.per_prompt, theirs):
+        full = [list(step) for step in our_steps if step[0] == K]
+        assert our_steps[:len(full)] == tuple(map(tuple, full)), "a cut chain before the end"
+        assert their_steps[:len(full)] == full
+        assert len(their_steps) - len(full) <= K  # vLLM's full-length steps where moe_spec's were cut
+        for _, accepted in full:
+            for position in range(accepted):
+                compared[position] += 1
+    assert compared[0] > 0 and compared[1] > 0, "too few drafts accepted to compare anything"
+    assert sum(len(s) for s in theirs) == world["runs"]["eagle3, K fixed, alone"]["spec"]["num_drafts"]
+
+
+def _scheduled_k(exported: dict, batch: int) -> int:
+    return next(k for start, end, k in exported["num_speculative_tokens_per_batch_size"] if start <= batch <= end)
+
+
+@pytest.mark.parametrize("batch", [1, 6])
+def test_vllm_drafts_the_exported_schedules_k(world, batch):
+    run = world["runs"][f"eagle3, exported schedule, B = {batch}"]
+    k = _scheduled_k(world["exported"], batch)
+    spec = run["spec"]
+    if k == 0:
+        assert spec.get("num_draft_tokens", 0) == 0
+    else:
+        assert spec["num_draft_tokens"] == k * spec["num_drafts"]
+
+
+def test_the_proposers_lengths_are_the_batch_controllers(world):
+    """Every step's lengths are `batch_chain_lengths` of what the proposer saw (its chains' reach and each
+    layer's expert share read from the gates), and vLLM verified exactly those drafts."""
+    proposer = MoeSpecProposer(config=json.loads((world["root"] / "export_lookup" / "proposer.json").read_text()))
+    steps = [json.loads(line) for line in world["log"].read_text().splitlines()]
+    assert len(steps) >= NEW_TOKENS // (K + 1)
+    for step in steps:
+        cost = replace(proposer.cost, new_expert_share=np.array(step["share"]))
+        assert step["lengths"] == batch_chain_lengths(step["reach"], cost)
+    assert len({tuple(step["share"]) for step in steps}) > 1, "the gates' routing never reached the controller"
+    verified = world["runs"]["moe_spec proposer"]["spec"]["num_draft_tokens"]
+    assert 0 < verified <= sum(sum(s["lengths"]) for s in steps)  # vLLM trims drafts past max_tokens, never adds
