@@ -38,12 +38,25 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--ttt-steps", type=positive_int, default=DEFAULTS["ttt_steps"], help="passes of the training-time test")
     parser.add_argument("--head-intermediate", type=non_negative_int, default=DEFAULTS["head_intermediate"],
                         help="the head's MLP width (0: 4 x hidden)")
+    parser.add_argument("--aux-layers", type=_layer_ids, default=None,
+                        help="the target hidden states the head fuses, e.g. 2,4,7 (default: EAGLE's 2, N//2, N-3)")
+
+
+def _layer_ids(text: str) -> tuple[int, ...]:
+    try:
+        ids = tuple(sorted(int(v) for v in text.split(",") if v.strip()))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated layer ids, got {text!r}") from None
+    if not ids or min(ids) < 0 or len(set(ids)) != len(ids):
+        raise argparse.ArgumentTypeError(f"expected distinct hidden-state indices >= 0, got {text!r}")
+    return ids
 
 
 def settings_from_args(args: argparse.Namespace) -> DraftTrainSettings:
     return DraftTrainSettings(
         out=args.out, minutes=args.minutes, steps=args.steps, seed=args.seed, draft_vocab=args.draft_vocab,
         batch_size=args.batch_size, ttt_steps=args.ttt_steps, head_intermediate=args.head_intermediate,
+        aux_layers=args.aux_layers,
     )
 
 

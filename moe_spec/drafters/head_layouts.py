@@ -40,11 +40,11 @@ from safetensors.torch import save_file
 from moe_spec.drafters.eagle_config import LAYER_FIELDS, EagleConfig
 from moe_spec.drafters.eagle_head import EagleHead
 from moe_spec.errors import MoeSpecError
-from moe_spec.tensor_file import TensorFileError, check_expected, read_header, read_tensors
+from moe_spec.tensor_file import TensorFileError, read_header, read_tensors
 
 CONFIG_FILE = "config.json"
 WEIGHTS_FILE = "model.safetensors"
-LEGACY_WEIGHTS_FILE = "pytorch_model.bin"  # the EAGLE authors' heads
+LEGACY_WEIGHTS_FILE = "pytorch_model.bin"  # some of the EAGLE authors' heads: a pickle, refused with a conversion hint
 SHARD_INDEX_FILE = "model.safetensors.index.json"  # a large head (a big vocabulary) saved in shards
 LAYOUTS = ("speculators", "specforge", "eagle", "angelslim")
 OLD_MOE_SPEC_KIND = "moe_spec.eagle_head"
@@ -274,21 +274,13 @@ def _weights_header(directory: Path) -> tuple[Path, dict[str, Path] | set[str]]:
     index = directory / SHARD_INDEX_FILE
     if index.is_file():
         return index, _shards(index)
-    legacy = directory / LEGACY_WEIGHTS_FILE
-    if legacy.is_file():
-        return legacy, set(_torch_file(legacy))
-    raise HeadFileError(f"{directory} has no {WEIGHTS_FILE} (nor {SHARD_INDEX_FILE} or {LEGACY_WEIGHTS_FILE})")
-
-
-def _torch_file(path: Path) -> dict[str, torch.Tensor]:
-    """A pytorch_model.bin of tensors, read with `weights_only` (no code runs) and memory-mapped."""
-    try:
-        state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
-    except Exception as error:  # noqa: BLE001 -- torch raises many kinds for a bad file
-        raise TensorFileError(f"cannot read {path} as a file of tensors: {error}") from None
-    if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
-        raise TensorFileError(f"{path} is not a dict of tensors")
-    return state
+    if (directory / LEGACY_WEIGHTS_FILE).is_file():
+        raise HeadFileError(
+            f"{directory / LEGACY_WEIGHTS_FILE} is a pickle, which moe_spec never reads (a file would be code); "
+            f"convert it to {WEIGHTS_FILE} once, where you trust the file: python -c \"import torch; from "
+            f"safetensors.torch import save_file; save_file(torch.load('{LEGACY_WEIGHTS_FILE}', weights_only=True), "
+            f"'{WEIGHTS_FILE}')\"")
+    raise HeadFileError(f"{directory} has no {WEIGHTS_FILE} (nor {SHARD_INDEX_FILE})")
 
 
 def _shards(index: Path) -> dict[str, Path]:
@@ -319,16 +311,7 @@ def _read_weights(path: Path, expected: dict, names) -> dict[str, torch.Tensor]:
         for shard in sorted(set(names.values())):
             state.update(read_tensors(shard, {n: expected[n] for n, s in names.items() if s == shard}))
         return state
-    state = _torch_file(path)
-    header = {name: {"shape": list(t.shape), "dtype": _dtype_name(t.dtype)} for name, t in state.items()}
-    check_expected(path, header, expected)
-    return state
-
-
-def _dtype_name(dtype: torch.dtype) -> str:
-    from moe_spec.tensor_file import _DTYPE_NAMES
-
-    return _DTYPE_NAMES.get(dtype, str(dtype))
+    raise HeadFileError(f"{path}: not a weights file moe_spec reads")
 
 
 def _draft_to_target(state: dict, config: EagleConfig, path: Path) -> torch.Tensor:

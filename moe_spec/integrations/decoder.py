@@ -64,7 +64,7 @@ def method_for(target: TargetModel, drafter, method: str | None, profile, caller
             return drafter, controller
         method = "moe-aware" if profile is not None else FALLBACK_METHOD
         if profile is None:
-            warnings.warn(f"{caller}: no profile of this target, so drafting {FALLBACK_METHOD} (the best fixed tree "
+            warnings.warn(f"{caller}: no profile= of this target, so drafting {FALLBACK_METHOD} (the best fixed tree "
                           f"measured so far) rather than the cost-aware moe-aware; `moe-spec profile` makes one",
                           stacklevel=3)
     if controller is not None:

@@ -49,6 +49,7 @@ class DraftTrainSettings:
     seed: int = 0
     draft_vocab: int = 2048
     head_intermediate: int = 0  # the head's MLP width; 0: 4 x hidden (a smaller head drafts faster)
+    aux_layers: tuple[int, ...] | None = None  # target hidden states the head fuses; None: the target's default
     batch_size: int = 8
     prompt_len: int = 96
     continuation_len: int = 32
@@ -209,6 +210,10 @@ def train_draft(target: TargetModel, data: TokenData, settings: DraftTrainSettin
     """
     accelerator = Accelerator()
     target.model.eval().requires_grad_(False)
+    if settings.aux_layers is not None:
+        if max(settings.aux_layers) > target.num_layers:
+            raise ValueError(f"aux_layers {list(settings.aux_layers)}: the target has hidden states 0..{target.num_layers}")
+        target.feature_layers = tuple(sorted(settings.aux_layers))
     if getattr(target.model, "hf_device_map", None) is None:  # a dispatched (offloaded) target stays put
         target.model.to(accelerator.device)
     batches = _Batches(target, data.train, settings, accelerator.process_index)

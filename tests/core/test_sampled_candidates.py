@@ -12,7 +12,8 @@ from moe_spec.core.sampling import SamplingConfig
 from moe_spec.core.target import TargetModel
 from moe_spec.core.tree import DraftTree
 from moe_spec.drafters.eagle import EagleDrafter
-from moe_spec.drafters.eagle_head import EagleHead, config_for_target
+from moe_spec.drafters.eagle_config import config_for_target
+from moe_spec.drafters.eagle_head import EagleHead
 from moe_spec.testing.helpers import assert_follows, exact_distribution_of_tokens_2_and_3
 from moe_spec.testing.tiny_models import MOE_ARCHITECTURES, tiny_model
 

@@ -121,7 +121,8 @@ def test_sampling_in_a_batch_keeps_each_rows_distribution():
 def test_batched_eagle_drafts_keep_each_rows_distribution():
     """The EAGLE head drafting both rows in one batched forward per depth, with siblings and depth 2."""
     from moe_spec.drafters.eagle import EagleDrafter
-    from moe_spec.drafters.eagle_head import EagleHead, config_for_target
+    from moe_spec.drafters.eagle_config import config_for_target
+    from moe_spec.drafters.eagle_head import EagleHead
     from moe_spec.core.target import TargetModel
 
     model = tiny_model("qwen3_moe", vocab_size=VOCAB, seed=4)

@@ -173,14 +173,14 @@ def test_random_bytes_as_weights_are_named(saved, content):
         EagleHead.from_pretrained(folder)
 
 
-def test_the_eagle_authors_pickled_weights_load(target, tmp_path):
-    """The EAGLE authors ship pytorch_model.bin: read with weights_only (no code runs)."""
+def test_pickled_weights_are_refused_with_a_conversion_hint(target, tmp_path):
+    """Some of the EAGLE authors' heads ship pytorch_model.bin, a pickle: moe_spec never unpickles, and says
+    how to convert it once."""
     head = random_eagle_head(target, draft_vocab=32)
     save_head(head, tmp_path, "eagle", dtype=torch.float32)
-    torch.save(load_file(tmp_path / WEIGHTS_FILE), tmp_path / "pytorch_model.bin")
-    (tmp_path / WEIGHTS_FILE).unlink()
-    loaded = EagleHead.from_pretrained(tmp_path)
-    assert torch.equal(loaded.fc.weight, head.fc.weight)
+    (tmp_path / WEIGHTS_FILE).rename(tmp_path / "pytorch_model.bin")
+    with pytest.raises(MoeSpecError, match="is a pickle, which moe_spec never reads.*save_file"):
+        EagleHead.from_pretrained(tmp_path)
 
 
 @pytest.mark.parametrize("feature_layers, named", [((1, 2, 7), "aux layers"), ((1, 2), "fc.weight: shape")])
