@@ -13,9 +13,9 @@ cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-.venv/bin/python}
 OUT=${1:-runs/profile}
 PROMPTS=configs/bench/profile.jsonl
-"$PYTHON" -m moe_spec.cli.main profile --config configs/profile_default.yaml --out "$OUT/profile.json" --plots "$OUT/plots"
-"$PYTHON" scripts/profile_sampling.py --profile "$OUT/profile.json" --prompts "$PROMPTS" --settings 1.0 0.7:0.9
-"$PYTHON" scripts/fit_head_routing.py --profile "$OUT/profile.json" --prompts "$PROMPTS" --out "$OUT/profile.json"
-cp "$OUT/profile.json" moe_spec/assets/default_profile.json
-cp "$OUT/profile.npz" moe_spec/assets/default_profile.npz
+"$PYTHON" -m moe_spec.cli.main profile --config configs/profile_default.yaml --out "$OUT/default_profile.json" --plots "$OUT/plots"
+"$PYTHON" scripts/profile_sampling.py --profile "$OUT/default_profile.json" --prompts "$PROMPTS" --settings 1.0 0.7:0.9
+"$PYTHON" scripts/fit_head_routing.py --profile "$OUT/default_profile.json" --prompts "$PROMPTS" --out "$OUT/default_profile.json"
+cp "$OUT/default_profile.json" moe_spec/assets/default_profile.json
+cp "$OUT/default_profile.npz" moe_spec/assets/default_profile.npz
 echo "wrote moe_spec/assets/default_profile.json and .npz from $OUT"
