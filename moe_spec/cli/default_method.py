@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 from moe_spec.core.target import TargetModel
-from moe_spec.measure.store import DEFAULT_PROFILE, cached_profile_path
+from moe_spec.measure.store import existing_profile_path
 from moe_spec.policy.registry import FALLBACK_METHOD
 
 
@@ -21,10 +21,7 @@ def profile_path(model: str | None, drafter: str, profile: str | None, target: T
     this target and drafter; else None."""
     if profile is not None:
         return Path(profile)
-    if model is None and drafter == "default" and DEFAULT_PROFILE.is_file():
-        return DEFAULT_PROFILE
-    cached = cached_profile_path(target, drafter)
-    return cached if cached.is_file() else None
+    return existing_profile_path(target, drafter)
 
 
 def default_method(command: str, model: str | None, drafter: str, profile: Path | None) -> str:

@@ -116,7 +116,7 @@ class HeadRunner:
         dtype, device = head.dtype, head.fc.weight.device
         self.dtype, self.device = dtype, device
         first = head.layers[0].self_attn
-        self.num_heads = head.config.layer_config().num_attention_heads
+        self.num_heads = first.config.num_attention_heads
         self.head_dim = first.head_dim
         self.num_kv_heads = first.k_proj.out_features // self.head_dim
         self.scaling = first.scaling

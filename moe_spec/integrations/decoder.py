@@ -17,7 +17,6 @@ drafter's own tree). `decoder` picks, as `moe-spec generate` does:
 
 from __future__ import annotations
 
-import json
 import warnings
 from pathlib import Path
 
@@ -25,9 +24,9 @@ from moe_spec.core.engine import SpecDecoder
 from moe_spec.core.target import TargetModel
 from moe_spec.errors import InputError
 from moe_spec.loading import load_drafter
-from moe_spec.measure.store import DEFAULT_PROFILE, cached_profile_path
+from moe_spec.measure.store import existing_profile_path
 from moe_spec.policy.registry import FALLBACK_METHOD, MethodContext, build_method
-from moe_spec.profile.artifact import Profile, fingerprint
+from moe_spec.profile.artifact import Profile
 
 
 def decoder(model, drafter="lookup", method: str | None = None, profile: Profile | str | Path | None = None,
@@ -39,19 +38,9 @@ def decoder(model, drafter="lookup", method: str | None = None, profile: Profile
     if isinstance(drafter, str):
         drafter = load_drafter(drafter, target)
     if profile is None and method is None and drafter_name is not None:
-        profile = found_profile(target, drafter_name)
+        profile = existing_profile_path(target, drafter_name)
     built_drafter, controller = method_for(target, drafter, method, profile, caller="moe_spec.decoder")
     return SpecDecoder(target, drafter=built_drafter, controller=controller, observer=observer)
-
-
-def found_profile(target: TargetModel, drafter_name: str) -> Path | None:
-    """The embedded pair's shipped profile, or the one `moe-spec profile` cached for this target and drafter."""
-    if drafter_name == "default" and DEFAULT_PROFILE.is_file():
-        shipped = json.loads(DEFAULT_PROFILE.read_text())["fingerprint"]["weights_sha256"]
-        if shipped == fingerprint(target)["weights_sha256"]:  # the embedded target
-            return DEFAULT_PROFILE
-    cached = cached_profile_path(target, drafter_name)
-    return cached if cached.is_file() else None
 
 
 def method_for(target: TargetModel, drafter, method: str | None, profile, caller: str, controller=None):

@@ -9,6 +9,7 @@ key holds both the target's weights hash and the drafter's name.
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 from pathlib import Path
 
@@ -27,9 +28,23 @@ def cache_dir() -> Path:
 
 
 def cached_profile_path(target: TargetModel, drafter_name: str) -> Path:
-    weights = fingerprint(target)["weights_sha256"][:16]
+    return _cache_path(fingerprint(target)["weights_sha256"], drafter_name)
+
+
+def _cache_path(weights_sha256: str, drafter_name: str) -> Path:
     drafter = hashlib.sha256(drafter_name.encode()).hexdigest()[:8]
-    return cache_dir() / f"{weights}-{drafter}.json"
+    return cache_dir() / f"{weights_sha256[:16]}-{drafter}.json"
+
+
+def existing_profile_path(target: TargetModel, drafter_name: str) -> Path | None:
+    """The shipped profile where the target is the embedded one (by weights hash) and the drafter its
+    head ('default'); else the profile cached for this target and drafter; else None."""
+    weights = fingerprint(target)["weights_sha256"]
+    if drafter_name == "default" and DEFAULT_PROFILE.is_file():
+        if json.loads(DEFAULT_PROFILE.read_text())["fingerprint"]["weights_sha256"] == weights:
+            return DEFAULT_PROFILE
+    cached = _cache_path(weights, drafter_name)
+    return cached if cached.is_file() else None
 
 
 def profile_for(
