@@ -73,12 +73,17 @@ class SpecDecoder:
         offload=None,
     ):
         # offload: the `moe_spec.offload.ExpertOffload` installed on `target` (for its step counters)
+        fused = getattr(drafter, "feature_layers", None)  # the target states a feature-reading drafter fuses
         if isinstance(target, TargetModel):
             if offload is not None and target.offload is not offload:
                 raise MoeSpecError("pass `offload` to the TargetModel, or a plain model with `offload` here, not both")
+            if fused is not None and tuple(target.feature_layers) != tuple(fused):
+                raise MoeSpecError(
+                    f"the drafter fuses feature layers {list(fused)} but the target gives {list(target.feature_layers)}; "
+                    "pass the TargetModel the drafter was built on")
             self.target = target
         else:
-            self.target = TargetModel(target, offload=offload)
+            self.target = TargetModel(target, feature_layers=tuple(fused) if fused is not None else None, offload=offload)
         self.drafter = drafter
         self.controller = controller
         self.observer = observer

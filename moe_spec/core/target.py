@@ -14,10 +14,15 @@ A plain autoregressive step (one new token that sees every cached column) needs 
 model's own causal mask is the same, so none is built and attention runs unmasked, as in
 `model.generate`. Hidden states are requested only when someone reads them (a drafter), and a
 prefill can keep the last position's logits only.
+
+Feature layer ids are indices into `hidden_states` as engines read them: id i < N is the input of
+layer i, and id N is the last layer's output *before* the final norm (vLLM and speculators' meaning;
+transformers' own `hidden_states[N]` is after it), read by a hook on the final norm's input.
 """
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
@@ -72,10 +77,9 @@ class AttentionWindow:
 def default_feature_layers(num_layers: int) -> tuple[int, ...]:
     """Low, middle and high hidden states (indices into `hidden_states`) for a new EAGLE-3 head: EAGLE's
     own choice, the inputs of layers 2, N // 2 and N - 3, where those are three distinct layers (N >= 7).
-    A shallower target gets three distinct ids spread over its layers, ascending and below N where it
-    has three (vLLM captures each layer once, in ascending order, and its `hidden_states[N]` is before
-    the final norm where transformers' is after). A drafter that fuses other layers sets
-    `TargetModel.feature_layers` to its own."""
+    A shallower target gets three distinct ids spread over its layers, ascending (vLLM captures each
+    layer once, in ascending order). A drafter that fuses other layers, the last layer's output (id N,
+    before the final norm) among them, sets `TargetModel.feature_layers` to its own."""
     if num_layers >= 7:
         return 2, num_layers // 2, num_layers - 3
     if num_layers <= 3:  # a one-layer target has two hidden states to fuse
@@ -114,6 +118,7 @@ class TargetModel:
         self.feature_layers = feature_layers or default_feature_layers(self.num_layers)
         if max(self.feature_layers) > self.num_layers or min(self.feature_layers) < 0:
             raise ValueError(f"feature layers {self.feature_layers} outside 0..{self.num_layers}")
+        self._final_norm = getattr(model.get_decoder(), "norm", None)  # its input is feature id N
         self.routers = find_routers(model, self.spec)
         self.vocab_size = int(model.get_input_embeddings().num_embeddings)
         self.max_positions = int(getattr(self.config, "max_position_embeddings", 0) or 0) or None
@@ -189,7 +194,7 @@ class TargetModel:
                               if window.by_layer_type else sliding)
         device = self.device
         before = self.offload.counters.copy() if self.offload is not None else None
-        with RoutingRecorder(self.model, self.spec, self.routers) as recorder:
+        with RoutingRecorder(self.model, self.spec, self.routers) as recorder, self.reading_features(features) as read:
             out = self.model(
                 input_ids=input_ids.to(device),
                 attention_mask=attention_mask,
@@ -199,12 +204,37 @@ class TargetModel:
                 output_hidden_states=features,
                 logits_to_keep=1 if last_logits_only else 0,
             )
-        hidden = torch.stack([out.hidden_states[i] for i in self.feature_layers], dim=2) if features else None  # [B, N, S, D]
+        hidden = read(out) if features else None  # [B, N, S, D]
         fetch = None
         if before is not None:
             done = self.offload.counters.since(before)
             fetch = FetchCounts(done.hits, done.misses, done.bytes_read, done.wait_ms, tuple(done.per_layer_misses))
         return TargetOutput(logits=out.logits, features=hidden, routing=recorder.routing(), fetch=fetch)
+
+    @contextmanager
+    def reading_features(self, active: bool = True):
+        """Around a forward of `self.model` with `output_hidden_states=True`: yields `read(out)`, the
+        feature layers' states `[B, T, S, D]` of that forward, id N taken before the final norm."""
+        captured: list[torch.Tensor] = []
+        hook = None
+        if active and self.num_layers in self.feature_layers:
+            if self._final_norm is None:
+                raise UnsupportedArchitectureError(
+                    f"feature layer {self.num_layers} is the last layer's output before the final norm, and "
+                    f"{type(self.model).__name__} has no `norm` module on its decoder to read it from")
+            hook = self._final_norm.register_forward_pre_hook(lambda module, args: captured.append(args[0]))
+
+        def read(out) -> torch.Tensor:
+            states = list(out.hidden_states)
+            if hook is not None:
+                states[self.num_layers] = captured[-1]  # [B, T, D] before the final norm
+            return torch.stack([states[i] for i in self.feature_layers], dim=2)
+
+        try:
+            yield read
+        finally:
+            if hook is not None:
+                hook.remove()
 
     def _additive(self, visible: torch.Tensor) -> torch.Tensor:
         """[B, N, K] bool -> [B, 1, N, K] float mask: 0 where visible, dtype-min elsewhere."""

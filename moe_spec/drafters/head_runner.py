@@ -135,6 +135,7 @@ class HeadRunner:
         self._fast_norm = dtype == torch.float32 and all(w.dtype == torch.float32 for w, _ in norms)
         self.embed_w = self.embed.weight.detach()
         self.d2t = head.draft_to_target
+        self.draft_vocab = head.config.draft_vocab
         self._cos = self._sin = None
         if self._k is not None and (self._k[0].dtype != dtype or self._k[0].device != device or len(self._k) != len(self.layers)):
             self._k = self._v = None

@@ -95,8 +95,8 @@ def random_prompt(n: int = 12, seed: int = 0) -> torch.Tensor:
 
 def target_features(target, tokens: torch.Tensor) -> torch.Tensor:
     """[T, S, D] a `TargetModel`'s feature layers for a token sequence [T]."""
-    hidden = target.model(tokens[None], output_hidden_states=True).hidden_states
-    return torch.stack([hidden[i][0] for i in target.feature_layers], dim=1).detach()
+    with target.reading_features() as read:
+        return read(target.model(tokens[None], output_hidden_states=True))[0].detach()
 
 
 def begun_eagle_drafter(target, head, *prompts: torch.Tensor):

@@ -107,8 +107,9 @@ def continue_with_target(model, prompts: torch.Tensor, n_new: int, sampled: torc
 @torch.no_grad()
 def target_pass(target: TargetModel, sequences: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """[B, T] -> (features [B, T, S, D] fp32, logits [B, T, V] fp32)."""
-    out = target.model(input_ids=sequences.to(target.device), use_cache=False, output_hidden_states=True)
-    features = torch.stack([out.hidden_states[i] for i in target.feature_layers], dim=2)
+    with target.reading_features() as read:
+        out = target.model(input_ids=sequences.to(target.device), use_cache=False, output_hidden_states=True)
+        features = read(out)  # [B, T, S, D]
     return features.float(), out.logits.float()
 
 

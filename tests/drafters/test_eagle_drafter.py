@@ -102,8 +102,7 @@ def test_chain_drafts_follow_the_training_unroll(qwen):
     assert chain.num_drafted == 3 and chain.depths.tolist() == [0, 1, 2, 3]
     tokens = torch.cat([prompt, chain.tokens[1:]])  # prompt (root last) + drafts
     with torch.no_grad():
-        hidden = target.model(prompt[None, :-1], output_hidden_states=True).hidden_states
-        features = torch.stack([hidden[i][0] for i in target.feature_layers], dim=1)  # [P-1, S, D]
+        features = _features(target, prompt[:-1])  # [P-1, S, D]
         features = torch.cat([features, torch.zeros(4, *features.shape[1:])])  # unknown past the root: unused
         embeds = target.model.get_input_embeddings()(tokens)
         passes = [head.logits(h[0]) for h in head.unroll(features[None], embeds[None], steps=3)]
@@ -255,8 +254,7 @@ def _reference_tree(target: TargetModel, head: EagleHead, prompt: torch.Tensor, 
     from moe_spec.core.tree import DraftTree
 
     embed = target.model.get_input_embeddings()
-    hidden = target.model(prompt[None, :-1], output_hidden_states=True).hidden_states
-    features = torch.stack([hidden[i][0] for i in target.feature_layers], dim=1)
+    features = _features(target, prompt[:-1])  # [P-1, S, D]
     g, pair_tokens = head.fuse(features), prompt[1:]  # pairs (position t, token t+1); the last is the root pair
     n = pair_tokens.numel()
     cache = DynamicCache()
