@@ -36,6 +36,7 @@ _SPECS = (
     ArchitectureSpec("qwen3_moe", "Qwen3MoeTopKRouter"),
     ArchitectureSpec("olmoe", "OlmoeTopKRouter"),
     ArchitectureSpec("deepseek_v3", "DeepseekV3TopkRouter"),
+    ArchitectureSpec("glm4_moe", "Glm4MoeTopkRouter"),
     # GPT-OSS has no SDPA path (attention sinks) and alternates sliding / full layers.
     ArchitectureSpec("gpt_oss", "GptOssTopKRouter", needs_eager_attention=True, mask_by_layer_type=True),
     ArchitectureSpec("phimoe", "PhimoeTopKRouter"),

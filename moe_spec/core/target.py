@@ -17,7 +17,9 @@ prefill can keep the last position's logits only.
 
 Feature layer ids are indices into `hidden_states` as engines read them: id i < N is the input of
 layer i, and id N is the last layer's output *before* the final norm (vLLM and speculators' meaning;
-transformers' own `hidden_states[N]` is after it), read by a hook on the final norm's input.
+transformers' own `hidden_states[N]` is after it), read by a hook on the final norm's input. Id -1
+is the state *after* the final norm, the one the output layer reads (`AFTER_FINAL_NORM`; what MTP
+layers are fed, as transformers' `MTPCandidateGenerator` feeds them).
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from moe_spec.errors import UnsupportedArchitectureError
 from moe_spec.core.routing import Routing, RoutingRecorder, find_routers
 
 _MASKABLE_ATTENTION = ("eager", "sdpa")
+AFTER_FINAL_NORM = -1  # feature id of the last hidden state after the final norm (transformers' hidden_states[-1])
 
 
 @dataclass(frozen=True)
@@ -116,8 +119,9 @@ class TargetModel:
         self.config = model.config.get_text_config(decoder=True)
         self.num_layers = int(self.config.num_hidden_layers)
         self.feature_layers = feature_layers or default_feature_layers(self.num_layers)
-        if max(self.feature_layers) > self.num_layers or min(self.feature_layers) < 0:
-            raise ValueError(f"feature layers {self.feature_layers} outside 0..{self.num_layers}")
+        if max(self.feature_layers) > self.num_layers or min(self.feature_layers) < AFTER_FINAL_NORM:
+            raise ValueError(f"feature layers {self.feature_layers} outside 0..{self.num_layers} "
+                             f"(or {AFTER_FINAL_NORM}: after the final norm)")
         self._final_norm = getattr(model.get_decoder(), "norm", None)  # its input is feature id N
         self.routers = find_routers(model, self.spec)
         self.vocab_size = int(model.get_input_embeddings().num_embeddings)
@@ -228,6 +232,7 @@ class TargetModel:
             states = list(out.hidden_states)
             if hook is not None:
                 states[self.num_layers] = captured[-1]  # [B, T, D] before the final norm
+            states.append(out.hidden_states[-1])  # index -1: after the final norm
             return torch.stack([states[i] for i in self.feature_layers], dim=2)
 
         try:

@@ -347,10 +347,12 @@ class HeadRunner:
             mask = self._closed_beyond(self.lengths, end)[:, None, None]  # [B, 1, 1, end]
         return self._fed_back(self._finish(last, x_last, q_last, end, mask))  # x_last [B, D], q_last [B, H, 1, hd]
 
-    def draft(self, g: torch.Tensor, token_ids: torch.Tensor, positions: list[int], mask: torch.Tensor) -> torch.Tensor:
+    def draft(self, g: torch.Tensor, token_ids: torch.Tensor, positions: list[int], mask: torch.Tensor,
+              depth: int = 1) -> torch.Tensor:
         """M tree rows per batch row (g [B, M, D], target ids [B, M]), row b's at positions[b],
         written to the last M of the C columns that mask [B, M, C] (additive: 0 or dtype-min)
-        covers: each row's prefix and the tree drafted so far. Returns the outputs [B, M, D]."""
+        covers: each row's prefix and the tree drafted so far. Returns the outputs [B, M, D].
+        `depth` (the nodes' tree depth) does not matter to an EAGLE head: every depth runs all its layers."""
         b, m = token_ids.shape
         columns = mask.shape[2]
         self.reserve(columns)

@@ -264,7 +264,7 @@ class TreeDrafter:
             tree_mask = torch.cat([tree_mask.gather(1, parent_slots.expand(-1, -1, tree_mask.shape[2])),
                                    diagonal[:m, :m].expand(batch, m, m)], dim=2)
             h = runner.draft(h.gather(1, parent_slots.expand(-1, -1, h.shape[2])), runner.d2t[ids.gather(1, order)],
-                             [c + depth - 1 for c in committed], tree_mask)
+                             [c + depth - 1 for c in committed], tree_mask, depth=depth - 1)
             nodes = order + first  # [B, m] node indices of the expanded
             first += scores.shape[1]
             ids, scores, values = children(h, ranked, nodes, depth, frontier_values)

@@ -36,6 +36,11 @@ TINY_CONFIGS: dict[str, dict] = {
         "n_shared_experts": 1, "n_group": 1, "topk_group": 1, "first_k_dense_replace": 0, "kv_lora_rank": 16,
         "q_lora_rank": None, "qk_rope_head_dim": 8, "qk_nope_head_dim": 8, "v_head_dim": 8, "num_key_value_heads": 4,
     },
+    "glm4_moe": {
+        **_COMMON, **_MOE, "intermediate_size": 32, "moe_intermediate_size": 16, "n_routed_experts": 8,
+        "n_shared_experts": 1, "n_group": 1, "topk_group": 1, "first_k_dense_replace": 1, "head_dim": 8,
+        "attention_bias": True, "use_qk_norm": True, "num_hidden_layers": 3,
+    },
     "gpt_oss": {
         **_COMMON, **_MOE, "num_hidden_layers": 2, "intermediate_size": 16, "num_local_experts": 8, "head_dim": 8,
         "sliding_window": 8, "layer_types": ["sliding_attention", "full_attention"],
@@ -46,7 +51,7 @@ TINY_CONFIGS: dict[str, dict] = {
     "llama": {**_COMMON, "intermediate_size": 64},
     "mistral": {**_COMMON, "intermediate_size": 64, "sliding_window": None},
 }
-MOE_ARCHITECTURES = ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "deepseek_v3", "gpt_oss", "phimoe")
+MOE_ARCHITECTURES = ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "deepseek_v3", "glm4_moe", "gpt_oss", "phimoe")
 DENSE_ARCHITECTURES = ("qwen3", "llama")
 
 # The config keys that give each architecture able to carry one a sliding window of `window` tokens,
@@ -110,3 +115,24 @@ def tiny_variant(name: str, seed: int = 0, **overrides) -> PreTrainedModel:
         raise ValueError(f"no variant {name!r}; have {sorted(REAL_FEATURE_VARIANTS)}")
     model_type, features = REAL_FEATURE_VARIANTS[name]
     return tiny_model(model_type, seed=seed, **{**features, **overrides})
+
+
+MTP_ARCHITECTURES = ("deepseek_v3", "glm4_moe")  # transformers 5.23 builds MTP layers for these (and a few others)
+
+
+def tiny_mtp_checkpoint(model_type: str, folder, mtp_layers: int = 1, seed: int = 0, **overrides) -> PreTrainedModel:
+    """A tiny `model_type` checkpoint written to `folder` with `mtp_layers` random MTP layers in the
+    published layout (`model.layers.{N + k}.*`), loaded back from it (float32, eval mode)."""
+    from moe_spec.drafters.mtp_layers import new_mtp_layers, save_mtp_layers
+
+    model = tiny_model(model_type, seed=seed, num_nextn_predict_layers=mtp_layers, **overrides)
+    model.save_pretrained(folder)
+    mtp = new_mtp_layers(model, mtp_layers, seed=seed)
+    with torch.no_grad(), torch.random.fork_rng():
+        torch.manual_seed(seed + 1)
+        for name, param in mtp.named_parameters():
+            if param.dim() >= 2 and "embed" not in name and "shared_head" not in name:
+                param.normal_(0.0, 0.1)
+    save_mtp_layers(mtp, model, folder)
+    attention = "eager" if model_type == "gpt_oss" else "sdpa"
+    return AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32, attn_implementation=attention).eval()

@@ -68,7 +68,7 @@ def test_a_pricer_that_expands_everything_changes_no_tree(pair):
     drafter = _begun(target, head, prompt)
     runs = []
     draft = drafter._runner.draft
-    drafter._runner.draft = lambda *args: runs.append(1) or draft(*args)
+    drafter._runner.draft = lambda *args, **kwargs: runs.append(1) or draft(*args, **kwargs)
     priced = drafter.propose([int(prompt[-1])], TreeBudget(12, 4, 4, pricer=pricer), [4], GREEDY)[0]
     assert _same(plain, priced)
     assert pricer.forwards == 1 + len(runs), "one value call per head forward: the root pair's, then one per depth"

@@ -173,9 +173,9 @@ def _expanded_rows(drafter: EagleDrafter, calls: list) -> None:
     """Record the rows per batch row of every tree forward (one per expanded depth; g is [B, M, D])."""
     draft = drafter._runner.draft
 
-    def counting(g, *args):
+    def counting(g, *args, **kwargs):
         calls.append(g.shape[1])
-        return draft(g, *args)
+        return draft(g, *args, **kwargs)
 
     drafter._runner.draft = counting
 
