@@ -9,6 +9,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTra
 
 from moe_spec.core.architectures import SUPPORTED_ARCHITECTURES
 from moe_spec.core import megablocks_experts
+from moe_spec.drafters.mtp_layers import main_model_skipping_mtp_layers
 
 from moe_spec.errors import InputError
 from moe_spec.tensor_file import read_header
@@ -54,8 +55,10 @@ def load_target(
         read_header(weights)  # truncated, corrupt or random bytes: named before transformers allocates anything
     try:
         # mismatched sizes are reported in `info` (named below) rather than raised with a pointer to a log
-        model, info = AutoModelForCausalLM.from_pretrained(folder, output_loading_info=True,
-                                                           ignore_mismatched_sizes=True, **kwargs)
+        config = _read_config(folder)
+        with main_model_skipping_mtp_layers(_causal_lm_class(config), config):  # a checkpoint's MTP layers load apart
+            model, info = AutoModelForCausalLM.from_pretrained(folder, output_loading_info=True,
+                                                               ignore_mismatched_sizes=True, **kwargs)
     except (OSError, ValueError, KeyError, TypeError, RuntimeError) as error:  # no weights, wrong shapes, another kind
         raise InputError(f"cannot load a model from {folder}: {_first_line(error)}") from error
     # transformers initialises missing weights at random (a warning only): that would decode garbage
@@ -68,6 +71,16 @@ def load_target(
     if experts_implementation is not None and _has_experts(model):
         model.set_experts_implementation(experts_implementation)
     return model.eval()
+
+
+def _causal_lm_class(config):
+    """The class `AutoModelForCausalLM` builds for `config`."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
+
+    try:
+        return MODEL_FOR_CAUSAL_LM_MAPPING[type(config)]
+    except KeyError as error:
+        raise InputError(f"{type(config).__name__} ({config.model_type!r}) is not a causal language model config") from error
 
 
 def model_folder(path: str | Path | None) -> Path:
@@ -111,17 +124,57 @@ def load_tokenizer(path: str | Path | None = None):
     return AutoTokenizer.from_pretrained(folder)
 
 
-def load_drafter(spec: str | None, target):
-    """`None`: no drafter (plain decoding); `lookup`: prompt lookup; anything else: an EAGLE head folder."""
-    from moe_spec.drafters.lookup import LookupDrafter
+DRAFTER_CHOICES = "lookup, mtp, default (the embedded EAGLE-3 head), none, or a folder holding an EAGLE-3 head or a causal LM"
 
-    if spec is None or spec == "none":
-        return None
-    if spec == "lookup":
-        return LookupDrafter()
-    from moe_spec.drafters.eagle import EagleDrafter
 
-    folder = DEFAULT_DRAFTER if spec == "default" else Path(spec)
+def drafter_kind(spec: str | None) -> str:
+    """What a `--drafter` value names: "none", "lookup", "mtp", "eagle" (a head folder, or the
+    embedded "default") or "draft_model" (a causal LM folder), detected from the folder's
+    config.json; an `InputError` listing what is accepted for anything else."""
+    from moe_spec.drafters.head_layouts import HeadFileError, detect_layout, read_config_file
+
+    if spec is None or spec in ("none", "lookup", "mtp"):
+        return spec or "none"
+    if spec == "default":
+        return "eagle"
+    folder = Path(spec)
     if not (folder / "config.json").is_file():
-        raise InputError(f"no draft head at {folder} (expected config.json + model.safetensors)")
-    return EagleDrafter.from_pretrained(folder, target)
+        raise InputError(f"--drafter {spec!r}: not a folder with a config.json; a drafter is {DRAFTER_CHOICES}")
+    try:
+        detect_layout(read_config_file(folder / "config.json"), folder / "config.json")
+        return "eagle"
+    except HeadFileError as head_error:
+        try:
+            config = AutoConfig.from_pretrained(folder)
+            _causal_lm_class(config)
+        except (OSError, ValueError, KeyError, TypeError, AttributeError, InputError):
+            raise InputError(f"--drafter {spec!r}: {folder / 'config.json'} is neither an EAGLE-3 head ({head_error}) nor "
+                             f"a causal LM config; a drafter is {DRAFTER_CHOICES}") from None
+        return "draft_model"
+
+
+def load_drafter(spec: str | None, target):
+    """The drafter a `--drafter` value names (`drafter_kind`) for `target` (a `TargetModel`):
+    None for "none" (plain decoding), prompt lookup, the target's own MTP layers, an EAGLE-3 head
+    (a folder in any published layout, or the embedded one) or a draft model (a causal LM folder
+    sharing the target's tokenizer, loaded in the target's dtype on its device)."""
+    kind = drafter_kind(spec)
+    if kind == "none":
+        return None
+    if kind == "lookup":
+        from moe_spec.drafters.lookup import LookupDrafter
+
+        return LookupDrafter()
+    if kind == "mtp":
+        from moe_spec.drafters.mtp import MtpDrafter
+
+        return MtpDrafter.from_target(target)
+    if kind == "eagle":
+        from moe_spec.drafters.eagle import EagleDrafter
+
+        return EagleDrafter.from_pretrained(DEFAULT_DRAFTER if spec == "default" else Path(spec), target)
+    from moe_spec.drafters.draft_model import DraftModelDrafter
+
+    dtype = str(target.dtype).removeprefix("torch.")
+    device = None if target.device.type == "cpu" else str(target.device)
+    return DraftModelDrafter(load_target(spec, dtype=dtype, device=device), target)

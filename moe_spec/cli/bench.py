@@ -43,7 +43,7 @@ RUN_DEFAULTS = field_defaults(RunSettings)
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default=None, help="model folder (default: the embedded target)")
     parser.add_argument("--drafter", default="default",
-                        help="'lookup', 'default' (the embedded head) or a head folder; shared by every drafting method")
+                        help="a drafter: 'lookup', 'mtp' (the checkpoint's own MTP layers), 'default' (the embedded EAGLE-3 head), 'none', or a folder holding an EAGLE-3 head (any published layout) or a causal LM sharing the target's tokenizer (a draft model); shared by every drafting method")
     parser.add_argument("--prompts", required=True, help="JSON-lines prompt file (`prompt` or `prompt_ids`, optional `class`)")
     parser.add_argument("--methods", default="ar,static-best,moe-aware",
                         help=f"comma-separated: {method_names()}; transformers' own loops as references: "

@@ -42,7 +42,7 @@ COLUMNS = (
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default=None, help="model folder (default: the embedded target)")
-    parser.add_argument("--drafter", default="default", help="'default' (the embedded head), 'lookup' or a head folder")
+    parser.add_argument("--drafter", default="default", help="a drafter: 'lookup', 'mtp' (the checkpoint's own MTP layers), 'default' (the embedded EAGLE-3 head), 'none', or a folder holding an EAGLE-3 head (any published layout) or a causal LM sharing the target's tokenizer (a draft model)")
     parser.add_argument("--max-new-tokens", type=positive_int, default=RUN_DEFAULTS["max_new_tokens"])
     parser.add_argument("--temperature", type=temperature, default=RUN_DEFAULTS["temperature"], help="0: greedy")
     parser.add_argument("--top-k", type=top_k, default=RUN_DEFAULTS["top_k"], help="0: no top-k filter")

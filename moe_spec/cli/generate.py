@@ -36,7 +36,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     prompt = parser.add_mutually_exclusive_group(required=True)
     prompt.add_argument("--prompt", help="prompt text (needs a tokenizer beside the model)")
     prompt.add_argument("--prompt-ids", help="prompt as space-separated token ids")
-    parser.add_argument("--drafter", default="default", help="'none', 'lookup', 'default' (embedded head) or a head folder")
+    parser.add_argument("--drafter", default="default", help="a drafter: 'lookup', 'mtp' (the checkpoint's own MTP layers), 'default' (the embedded EAGLE-3 head), 'none', or a folder holding an EAGLE-3 head (any published layout) or a causal LM sharing the target's tokenizer (a draft model)")
     parser.add_argument("--method", default=None,
                         help=f"a decoding method: {method_names()} (static-best is a bench aggregate, refused); "
                              f"default: moe-aware where a profile of this target exists, else {FALLBACK_METHOD}")

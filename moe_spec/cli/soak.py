@@ -30,7 +30,7 @@ ALL_METHODS = ",".join(runnable_names())
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default=None, help="model folder (default: the embedded target)")
-    parser.add_argument("--drafter", default="default", help="'lookup', 'default' (the embedded head) or a head folder")
+    parser.add_argument("--drafter", default="default", help="a drafter: 'lookup', 'mtp' (the checkpoint's own MTP layers), 'default' (the embedded EAGLE-3 head), 'none', or a folder holding an EAGLE-3 head (any published layout) or a causal LM sharing the target's tokenizer (a draft model)")
     parser.add_argument("--profile", default=None,
                         help="profile JSON for truncate / moe-aware (default: the embedded pair's shipped profile)")
     parser.add_argument("--prompts", default="configs/bench/heldout.jsonl",

@@ -38,9 +38,10 @@ _COUNT_FIELDS = ("num_mtp_layers", "num_nextn_predict_layers")
 _EXTRA_KEYS = ("enorm", "hnorm", "eh_proj", "shared_head.norm")  # per MTP layer, beside its decoder block
 
 
-def mtp_layer_count(model: PreTrainedModel) -> int:
-    """How many MTP layers `model`'s config declares (0: none)."""
-    text = model.config.get_text_config(decoder=True)
+def mtp_layer_count(model_or_config) -> int:
+    """How many MTP layers a model's (or a config's) text config declares (0: none)."""
+    config = getattr(model_or_config, "config", model_or_config)
+    text = config.get_text_config(decoder=True)
     for name in _COUNT_FIELDS:
         value = getattr(text, name, None)
         if value is not None:
@@ -48,10 +49,30 @@ def mtp_layer_count(model: PreTrainedModel) -> int:
     return 0
 
 
-def mtp_loading_patterns(model: PreTrainedModel) -> list[str]:
-    """The checkpoint key patterns of `model`'s own MTP layers (`model.layers.{N + k}.`)."""
-    n = int(model.config.get_text_config(decoder=True).num_hidden_layers)
-    return [rf"model\.layers\.{n + k}\..*" for k in range(mtp_layer_count(model))]
+def mtp_loading_patterns(model_or_config) -> list[str]:
+    """The checkpoint key patterns of a model's own MTP layers (`model.layers.{N + k}.`)."""
+    config = getattr(model_or_config, "config", model_or_config)
+    n = int(config.get_text_config(decoder=True).num_hidden_layers)
+    return [rf"model\.layers\.{n + k}\..*" for k in range(mtp_layer_count(config))]
+
+
+@contextmanager
+def main_model_skipping_mtp_layers(model_class, config):
+    """While loading a `model_class` checkpoint of `config`, its own MTP layers' tensors are known
+    extras (the class declares only the published depths), neither loaded nor reported."""
+    own = mtp_loading_patterns(config)
+    before = model_class.__dict__.get("_keys_to_ignore_on_load_unexpected")
+    inherited = getattr(model_class, "_keys_to_ignore_on_load_unexpected", None) or []
+    if own:
+        model_class._keys_to_ignore_on_load_unexpected = list(inherited) + own
+    try:
+        yield
+    finally:
+        if own:
+            if before is None:
+                del model_class._keys_to_ignore_on_load_unexpected
+            else:
+                model_class._keys_to_ignore_on_load_unexpected = before
 
 
 def checkpoint_files(folder: Path) -> list[Path]:

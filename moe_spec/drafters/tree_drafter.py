@@ -69,8 +69,9 @@ class TreeDrafter:
 
     A runner has `lengths` (committed columns per row), `reset`, `refresh`, `keep_rows`, `write`,
     `extend`, `draft`, `prefix_mask`, `logits`, `d2t` (draft id -> target id), `draft_vocab`,
-    `dtype`, `rows_drafted` and `rows_extended` (see `HeadRunner`); `fuse` maps a row's target
-    features [A, S, D_t] to the head's input states [A, D]."""
+    `dtype`, `rows_drafted` and `rows_extended` (see `HeadRunner`), and optionally `start` (each
+    row's first token, for a runner that reads tokens alone); `fuse` maps a row's target features
+    [A, S, D_t] to the head's input states [A, D]."""
 
     def __init__(self, runner, fuse, feature_layers: tuple[int, ...], target: TargetModel,
                  budget: TreeBudget | None = None):
@@ -109,6 +110,8 @@ class TreeDrafter:
         runner = self._runner
         runner.reset(len(prompts))
         runner.refresh()
+        if hasattr(runner, "start"):  # a runner reading tokens alone (a draft model) also takes each row's first
+            runner.start([p[:1].to(self._device, torch.long) for p in prompts])
         fused = self._fuse(features)
         runner.write([g[:-1] for g in fused], [p[1:].to(self._device, torch.long) for p in prompts])
         self._queued_g = [[] for _ in fused]

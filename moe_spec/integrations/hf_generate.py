@@ -27,8 +27,8 @@ How `generate`'s settings are mapped:
 - `max_new_tokens` / `max_length` -> the generation config's prepared `max_length` minus the prompt
   length (as `generate` counts it, left padding included);
 - `eos_token_id` -> the generation config's (after `generate` filled it from the model);
-- `drafter`: a `Drafter`, a spec string for `moe_spec.loading.load_drafter` ('lookup', a head
-  folder) or None (plain autoregressive decoding through moe_spec's cache machinery);
+- `drafter`: a `Drafter`, a name for `moe_spec.loading.load_drafter` ('lookup', 'mtp', 'default',
+  an EAGLE-3 head folder or a draft model's folder) or None (plain autoregressive decoding through moe_spec's cache machinery);
 - `controller`: a moe_spec `Controller`, or None: with a drafter and no `method`, `moe-aware` on
   `profile` where one is given, else the best fixed tree measured so far (`static:4`, with a warning);
 - `method`: instead of `controller`, a method of `moe_spec.policy.registry` by name (`ar`, `eagle2`,

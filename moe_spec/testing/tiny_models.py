@@ -123,7 +123,7 @@ MTP_ARCHITECTURES = ("deepseek_v3", "glm4_moe")  # transformers 5.23 builds MTP 
 def tiny_mtp_checkpoint(model_type: str, folder, mtp_layers: int = 1, seed: int = 0, **overrides) -> PreTrainedModel:
     """A tiny `model_type` checkpoint written to `folder` with `mtp_layers` random MTP layers in the
     published layout (`model.layers.{N + k}.*`), loaded back from it (float32, eval mode)."""
-    from moe_spec.drafters.mtp_layers import new_mtp_layers, save_mtp_layers
+    from moe_spec.drafters.mtp_layers import main_model_skipping_mtp_layers, new_mtp_layers, save_mtp_layers
 
     model = tiny_model(model_type, seed=seed, num_nextn_predict_layers=mtp_layers, **overrides)
     model.save_pretrained(folder)
@@ -135,4 +135,5 @@ def tiny_mtp_checkpoint(model_type: str, folder, mtp_layers: int = 1, seed: int 
                 param.normal_(0.0, 0.1)
     save_mtp_layers(mtp, model, folder)
     attention = "eager" if model_type == "gpt_oss" else "sdpa"
-    return AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32, attn_implementation=attention).eval()
+    with main_model_skipping_mtp_layers(type(model), model.config):
+        return AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32, attn_implementation=attention).eval()
