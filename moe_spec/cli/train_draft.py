@@ -24,8 +24,11 @@ DEFAULT_THREADS = 1
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--kind", choices=("eagle3", "mtp"), default="eagle3",
+                        help="eagle3: an EAGLE-3 head (speculators layout) into --out; mtp: one MTP layer for the target, "
+                             "written with a copy of the target's checkpoint into --out (--out may be the target's folder)")
     parser.add_argument("--target", required=True, help="folder of the target model (and its tokenizer)")
-    parser.add_argument("--out", required=True, help="folder for the draft head")
+    parser.add_argument("--out", required=True, help="folder for the draft head (--kind mtp: for the target with its MTP layer)")
     parser.add_argument("--minutes", type=positive_float, default=DEFAULTS["minutes"],
                         help="training time budget (ignored with --steps)")
     parser.add_argument("--steps", type=positive_int, default=DEFAULTS["steps"], help="fixed number of steps (reproducible)")
@@ -64,7 +67,15 @@ def run(args: argparse.Namespace) -> dict:
     torch.set_num_threads(args.threads)
     settings = settings_from_args(args)
     target, tokenizer = load_target(args.target)
-    meta = train_draft(target, text_data(tokenizer, args.prompts), settings, command=shlex.join(sys.orig_argv))
-    keys = ("minutes", "steps", "heldout_token_coverage", "heldout_top1_agreement_by_depth")
-    print(json.dumps({"command": "train-draft", "out": args.out, **{k: meta[k] for k in keys}}))
+    data = text_data(tokenizer, args.prompts)
+    if args.kind == "mtp":
+        from moe_spec.loading import model_folder
+        from moe_spec.training.train_mtp import train_mtp
+
+        meta = train_mtp(target, model_folder(args.target), data, settings, command=shlex.join(sys.orig_argv))
+        keys = ("minutes", "steps", "heldout_top1_agreement_by_depth")
+    else:
+        meta = train_draft(target, data, settings, command=shlex.join(sys.orig_argv))
+        keys = ("minutes", "steps", "heldout_token_coverage", "heldout_top1_agreement_by_depth")
+    print(json.dumps({"command": "train-draft", "kind": args.kind, "out": args.out, **{k: meta[k] for k in keys}}))
     return meta

@@ -210,25 +210,30 @@ def save_mtp_layers(mtp, model: PreTrainedModel, folder: str | Path, dtype: torc
 
 
 def _store(folder: Path, tensors: dict[str, torch.Tensor]) -> Path:
-    """Add `tensors` to the checkpoint in `folder`: into its single `model.safetensors` (rewritten
-    with them; transformers reads a single file when there is one, and an index beside it would be
-    ignored), or, for a sharded checkpoint, as its own shard `mtp_layers.safetensors` listed in the
-    index. Tensors of the same names already stored are replaced."""
+    """Add `tensors` to the checkpoint in `folder` as a shard of their own, listed in the folder's
+    `model.safetensors.index.json`. A single-file checkpoint becomes a sharded one: its
+    `model.safetensors` is renamed, not rewritten, to `model-00001-of-00002.safetensors` and the
+    tensors go to `model-00002-of-00002.safetensors` (transformers reads a single file where there
+    is one and would ignore the index beside it). A sharded one gets `mtp_layers.safetensors`.
+    Tensors of the same names already listed are replaced. Returns the file written."""
     index_path = folder / "model.safetensors.index.json"
+    single = folder / "model.safetensors"
     if index_path.is_file():
-        out = folder / "mtp_layers.safetensors"
-        save_file(tensors, str(out), metadata={"format": "pt"})
         index = json.loads(index_path.read_text())
-        weight_map = {k: v for k, v in index["weight_map"].items() if v != out.name and k not in tensors}
-        weight_map.update({key: out.name for key in tensors})
-        index["weight_map"] = dict(sorted(weight_map.items()))
-        index_path.write_text(json.dumps(index, indent=2) + "\n")
-        return out
-    out = folder / "model.safetensors"
-    if not out.is_file():
+        second = "model-00002-of-00002.safetensors"  # ours when it holds nothing but these tensors (a retrained layer)
+        held = {key for key, file in index["weight_map"].items() if file == second}
+        out = folder / (second if held and held <= set(tensors) else "mtp_layers.safetensors")
+    elif single.is_file():
+        first = folder / "model-00001-of-00002.safetensors"
+        with safe_open(str(single), "pt") as f:
+            index = {"metadata": {}, "weight_map": {key: first.name for key in f.keys()}}
+        single.rename(first)
+        out = folder / "model-00002-of-00002.safetensors"
+    else:
         raise InputError(f"{folder} holds neither model.safetensors nor model.safetensors.index.json to add the MTP layers to")
-    with safe_open(str(out), "pt") as f:
-        stored = {key: f.get_tensor(key) for key in f.keys() if key not in tensors}
-        metadata = f.metadata() or {"format": "pt"}
-    save_file({**stored, **tensors}, str(out), metadata=metadata)
+    save_file(tensors, str(out), metadata={"format": "pt"})
+    weight_map = {k: v for k, v in index["weight_map"].items() if v != out.name and k not in tensors}
+    weight_map.update({key: out.name for key in tensors})
+    index["weight_map"] = dict(sorted(weight_map.items()))
+    index_path.write_text(json.dumps(index, indent=2) + "\n")
     return out
