@@ -24,9 +24,12 @@ DEFAULT_THREADS = 1
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--kind", choices=("eagle3", "mtp"), default="eagle3",
+    parser.add_argument("--kind", choices=("eagle3", "mtp", "draft-model"), default="eagle3",
                         help="eagle3: an EAGLE-3 head (speculators layout) into --out; mtp: one MTP layer for the target, "
-                             "written with a copy of the target's checkpoint into --out (--out may be the target's folder)")
+                             "written with a copy of the target's checkpoint into --out (--out may be the target's folder); "
+                             "draft-model: a small dense causal LM of the target's vocabulary (--draft-hidden, --draft-layers)")
+    parser.add_argument("--draft-hidden", type=positive_int, default=128, help="--kind draft-model: its hidden size")
+    parser.add_argument("--draft-layers", type=positive_int, default=2, help="--kind draft-model: its layers")
     parser.add_argument("--target", required=True, help="folder of the target model (and its tokenizer)")
     parser.add_argument("--out", required=True, help="folder for the draft head (--kind mtp: for the target with its MTP layer)")
     parser.add_argument("--minutes", type=positive_float, default=DEFAULTS["minutes"],
@@ -74,6 +77,13 @@ def run(args: argparse.Namespace) -> dict:
 
         meta = train_mtp(target, model_folder(args.target), data, settings, command=shlex.join(sys.orig_argv))
         keys = ("minutes", "steps", "heldout_top1_agreement_by_depth")
+    elif args.kind == "draft-model":
+        from moe_spec.loading import model_folder
+        from moe_spec.training.train_draft_model import train_draft_model
+
+        meta = train_draft_model(target, model_folder(args.target), data, settings, hidden=args.draft_hidden,
+                                 layers=args.draft_layers, command=shlex.join(sys.orig_argv))
+        keys = ("minutes", "steps", "parameters", "heldout_top1_agreement")
     else:
         meta = train_draft(target, data, settings, command=shlex.join(sys.orig_argv))
         keys = ("minutes", "steps", "heldout_token_coverage", "heldout_top1_agreement_by_depth")

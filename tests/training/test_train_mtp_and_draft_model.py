@@ -1,4 +1,4 @@
-"""`train-draft --kind mtp`: one MTP layer trained for a target, written into a copy of the target's
+"""`train-draft --kind mtp` and `--kind draft-model`. One MTP layer trained for a target, written into a copy of the target's
 checkpoint in the published layout, found there by transformers' loader and `--drafter mtp`, lowering
 its loss and decoding losslessly."""
 
@@ -49,3 +49,18 @@ def test_a_trained_mtp_layer_is_found_where_transformers_looks_and_decodes_lossl
             assert torch.equal(f.get_tensor(stored).float(), loaded.float()), stored
     out = SpecDecoder(reloaded, drafter).generate(torch.tensor([PLAIN_PROMPT]), max_new_tokens=20)
     assert torch.equal(out.sequences, hf_greedy(model, PLAIN_PROMPT, 20))
+
+
+def test_a_trained_draft_model_loads_by_its_folder_and_decodes_losslessly(tmp_path):
+    from moe_spec.loading import drafter_kind, load_drafter
+    from moe_spec.training.train_draft_model import train_draft_model
+
+    target = TargetModel(tiny_model("qwen3_moe"))
+    settings = DraftTrainSettings(out=str(tmp_path / "draft"), steps=30, batch_size=4, prompt_len=16,
+                                  continuation_len=8, eval_batches=1, warmup_steps=2, lr=3e-3)
+    meta = train_draft_model(target, tmp_path, _data(), settings, hidden=32, layers=1)
+    assert meta["final_train_loss"] < meta["first_train_loss"] and 0.0 <= meta["heldout_top1_agreement"] <= 1.0
+    assert drafter_kind(str(tmp_path / "draft")) == "draft_model"
+    drafter = load_drafter(str(tmp_path / "draft"), target)
+    out = SpecDecoder(target, drafter).generate(torch.tensor([PLAIN_PROMPT]), max_new_tokens=20)
+    assert torch.equal(out.sequences, hf_greedy(target.model, PLAIN_PROMPT, 20))
