@@ -43,7 +43,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", type=Path, default=None, help="target model folder (default: the embedded target)")
     parser.add_argument(
         "--drafter", default="default",
-        help="'default' (the embedded head), a draft head folder, or 'lookup' (the training-free n-gram drafter)",
+        help="a drafter: 'lookup', 'mtp' (the checkpoint's own MTP layers), 'default' (the embedded EAGLE-3 head), or a "
+             "folder holding an EAGLE-3 head (any published layout) or a causal LM sharing the target's tokenizer",
     )
     parser.add_argument("--prompts", type=Path, required=True, help="JSONL file, one {\"prompt\": ...} per line")
     parser.add_argument("--out", type=Path, required=True, help="profile JSON to write (arrays go beside it as .npz)")
