@@ -144,3 +144,21 @@ def test_a_target_without_mtp_layers_is_a_clear_error(tmp_path):
     declared.config._name_or_path = str(tmp_path)
     with pytest.raises(InputError, match=r"model\.layers\.2\.\*"):
         load_mtp_layers(declared)
+
+
+def test_mtp_drafts_over_a_target_whose_experts_are_offloaded(tmp_path):
+    from moe_spec.offload.offloaded_experts import OffloadConfig, offload_experts
+
+    model = tiny_mtp_checkpoint("deepseek_v3", tmp_path / "ckpt", 1)
+    expected = [hf_greedy(model, prompt, 20) for prompt in (REPETITIVE_PROMPT, PLAIN_PROMPT)]
+    mtp = load_mtp_layers(model)  # the MTP layer's own experts stay resident
+    offload = offload_experts(model, OffloadConfig(tmp_path / "store", tier="disk", resident=2))
+    try:
+        target = TargetModel(model, offload=offload)
+        decoder = SpecDecoder(target, MtpDrafter(mtp, target), StaticController(TreeBudget(8, 4, 2)))
+        for prompt, reference in zip((REPETITIVE_PROMPT, PLAIN_PROMPT), expected):
+            result = decoder.generate(torch.tensor([prompt]), max_new_tokens=20)
+            assert torch.equal(result.sequences, reference)
+            assert sum(step.expert_misses for step in result.stats.steps) > 0, "experts were read from disk"
+    finally:
+        offload.close()
