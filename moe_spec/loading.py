@@ -17,6 +17,7 @@ from moe_spec.tensor_file import read_header
 ASSETS = Path(__file__).parent / "assets"
 DEFAULT_TARGET = ASSETS / "default_target"
 DEFAULT_DRAFTER = ASSETS / "default_draft"
+DEFAULT_DRAFT_MODEL = ASSETS / "default_draft_model"  # a small dense draft model of the embedded target
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 

@@ -12,7 +12,7 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 HOLD=${HOLD:-/tmp/moe_spec_held}
-LARGE=(moe_spec/assets/default_target/model.safetensors)
+LARGE=(moe_spec/assets/default_target/model-00001-of-00002.safetensors)  # the main weights (the MTP layer is the small second shard)
 CAP=$((64 * 1024 * 1024))
 
 size() {

@@ -43,6 +43,8 @@ def main() -> int:
     parser.add_argument("--profile", required=True)
     parser.add_argument("--out", default=None, help="where to write (default: over --profile)")
     parser.add_argument("--prompts", required=True)
+    parser.add_argument("--model", default=None, help="target folder (default: the embedded target)")
+    parser.add_argument("--drafter", default="default", help="the drafter the profile was made with (as --drafter elsewhere)")
     parser.add_argument("--settings", type=setting, nargs="+", required=True)
     parser.add_argument("--max-prompts", type=int, default=None)
     parser.add_argument("--max-new-tokens", type=int, default=48)
@@ -51,11 +53,11 @@ def main() -> int:
                         help="nodes of the chains the sampled calibration is fitted on (0: the reference budget's trees)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    model = load_target(None)
+    model = load_target(args.model)
     target = TargetModel(model)
-    tokenizer = load_tokenizer(None)
+    tokenizer = load_tokenizer(args.model)
     profile = Profile.load(args.profile, target)
-    drafter = load_drafter("default", target)
+    drafter = load_drafter(args.drafter, target)
     prompts = [p.input_ids(tokenizer)[0] for p in load_prompts(args.prompts)][: args.max_prompts]
     start = time.perf_counter()
     if args.sampled_chain < 0:

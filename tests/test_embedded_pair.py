@@ -10,7 +10,7 @@ from moe_spec import SpecDecoder
 from moe_spec.policy.static import StaticController
 from moe_spec.policy.moe_aware import MoeAwareController
 from moe_spec.drafters import EagleDrafter, TreeBudget
-from moe_spec.loading import DEFAULT_DRAFTER, DEFAULT_TARGET, load_target, load_tokenizer
+from moe_spec.loading import DEFAULT_DRAFT_MODEL, DEFAULT_DRAFTER, DEFAULT_TARGET, load_drafter, load_target, load_tokenizer
 from moe_spec.profile.artifact import Profile
 from moe_spec.measure.store import DEFAULT_PROFILE
 from moe_spec.experiments.prompt_file import load_prompts
@@ -59,3 +59,19 @@ def test_the_shipped_profile_fits_the_shipped_target_and_drives_moe_aware(pair):
     prompt = load_prompts("configs/bench/smoke.jsonl")[0].input_ids(tokenizer)
     result = SpecDecoder(target, drafter=drafter, controller=MoeAwareController(profile)).generate(prompt, max_new_tokens=24)
     assert torch.equal(result.sequences, hf_greedy(model, prompt[0].tolist(), 24))
+
+
+@pytest.mark.parametrize("name", ["mtp", str(DEFAULT_DRAFT_MODEL)])
+def test_the_shipped_mtp_layer_and_draft_model_draft_losslessly_and_are_accepted(pair, name):
+    """The embedded target's own MTP layer (in its checkpoint, as transformers finds it) and the small
+    draft model shipped beside it, each named as a user names it."""
+    model, target, _, tokenizer = pair
+    target = TargetModel(model)
+    drafter = load_drafter(name, target)
+    prompts = [p for p in load_prompts("configs/bench/smoke.jsonl") if p.prompt_class != "random"][:2]
+    decoder = SpecDecoder(target, drafter=drafter, controller=StaticController(TreeBudget(8, 5, 10)))
+    for prompt in prompts:
+        ids = prompt.input_ids(tokenizer)
+        result = decoder.generate(ids, max_new_tokens=24)
+        assert torch.equal(result.sequences, hf_greedy(model, ids[0].tolist(), 24))
+        assert result.stats.mean_accept_len > 1.2, f"{name} is trained: its drafts are accepted"
