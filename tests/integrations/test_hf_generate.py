@@ -262,3 +262,16 @@ def test_a_drafter_alone_drafts_the_best_fixed_tree_with_a_hint_and_moe_aware_on
         priced = model.generate(ids, custom_generate=speculative_generate, drafter=LookupDrafter(), profile=profile,
                                 max_new_tokens=12)
     assert torch.equal(priced, out)
+
+
+def test_every_kind_of_drafter_is_named_in_the_drop_in(tmp_path):
+    """drafter= takes the names the command line takes: the checkpoint's MTP layers, a draft model's folder."""
+    from moe_spec.testing.tiny_models import tiny_mtp_checkpoint
+
+    model = tiny_mtp_checkpoint("deepseek_v3", tmp_path / "target", 1)
+    tiny_model("llama", seed=3, num_hidden_layers=1).save_pretrained(tmp_path / "draft_lm")
+    ids = torch.tensor([REPETITIVE_PROMPT])
+    for drafter in ("mtp", str(tmp_path / "draft_lm")):
+        out = model.generate(ids, custom_generate=speculative_generate, drafter=drafter, method="static:4",
+                             max_new_tokens=16)
+        assert torch.equal(out, hf_greedy(model, REPETITIVE_PROMPT, 16)), drafter
