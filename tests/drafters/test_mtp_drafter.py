@@ -146,19 +146,23 @@ def test_a_target_without_mtp_layers_is_a_clear_error(tmp_path):
         load_mtp_layers(declared)
 
 
-def test_mtp_drafts_over_a_target_whose_experts_are_offloaded(tmp_path):
+def test_the_mtp_layers_experts_are_offloaded_with_the_targets(tmp_path):
     from moe_spec.offload.offloaded_experts import OffloadConfig, offload_experts
 
     model = tiny_mtp_checkpoint("deepseek_v3", tmp_path / "ckpt", 1)
     expected = [hf_greedy(model, prompt, 20) for prompt in (REPETITIVE_PROMPT, PLAIN_PROMPT)]
-    mtp = load_mtp_layers(model)  # the MTP layer's own experts stay resident
     offload = offload_experts(model, OffloadConfig(tmp_path / "store", tier="disk", resident=2))
     try:
         target = TargetModel(model, offload=offload)
-        decoder = SpecDecoder(target, MtpDrafter(mtp, target), StaticController(TreeBudget(8, 4, 2)))
+        drafter = MtpDrafter.from_target(target)
+        assert drafter.offload is not None and (tmp_path / "store" / "mtp_layers").is_dir()
+        decoder = SpecDecoder(target, drafter, StaticController(TreeBudget(8, 4, 2)))
         for prompt, reference in zip((REPETITIVE_PROMPT, PLAIN_PROMPT), expected):
             result = decoder.generate(torch.tensor([prompt]), max_new_tokens=20)
             assert torch.equal(result.sequences, reference)
-            assert sum(step.expert_misses for step in result.stats.steps) > 0, "experts were read from disk"
+            assert sum(step.expert_misses for step in result.stats.steps) > 0, "the target's experts were read"
+        assert drafter.offload.counters.misses > 0, "the MTP layer's experts were read from disk too"
     finally:
         offload.close()
+        if drafter.offload is not None:
+            drafter.offload.close()
