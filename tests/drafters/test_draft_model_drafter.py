@@ -14,7 +14,8 @@ from moe_spec.errors import InputError
 from moe_spec.experiments.runner import left_pad
 from moe_spec.policy.static import StaticController
 from moe_spec.testing.helpers import (
-    PLAIN_PROMPT, REPETITIVE_PROMPT, assert_follows, exact_distribution_of_tokens_2_and_3, hf_greedy, random_prompt,
+    ALL_ARCHITECTURES, PLAIN_PROMPT, REPETITIVE_PROMPT, assert_follows, exact_distribution_of_tokens_2_and_3, hf_greedy,
+    random_prompt,
 )
 from moe_spec.testing.tiny_models import tiny_model
 
@@ -137,3 +138,20 @@ def test_a_draft_model_of_another_vocabulary_is_refused():
     target = TargetModel(tiny_model("qwen3_moe"))
     with pytest.raises(InputError, match=r"120 output / 120 input tokens.*96 tokens"):
         DraftModelDrafter(tiny_model("llama", vocab_size=120), target)
+
+
+@pytest.mark.parametrize("arch", ALL_ARCHITECTURES)
+def test_lossless_on_every_architecture_alone_and_in_a_batch(arch):
+    target_model = tiny_model(arch)
+    target = TargetModel(target_model)
+    decoder = SpecDecoder(target, DraftModelDrafter(tiny_model("llama", seed=3, num_hidden_layers=1), target),
+                          StaticController(TreeBudget(12, 4, 3)))
+    prompts = [torch.tensor([REPETITIVE_PROMPT]), torch.tensor([PLAIN_PROMPT])]
+    for prompt in prompts:
+        result = decoder.generate(prompt, max_new_tokens=16)
+        assert torch.equal(result.sequences, hf_greedy(target_model, prompt[0].tolist(), 16)), arch
+    ids, mask = left_pad(prompts, 0)
+    batch = decoder.generate(ids, attention_mask=mask, max_new_tokens=16, eos_token_id=[])
+    for row, prompt in enumerate(prompts):
+        alone = SpecDecoder(target).generate(prompt, max_new_tokens=16, eos_token_id=[]).sequences[0, prompt.shape[1]:]
+        assert torch.equal(batch.sequences[row, ids.shape[1]:], alone), f"{arch} row {row}"
