@@ -118,9 +118,10 @@ def test_a_batch_decodes_each_row_as_alone(pair):
         assert torch.equal(result.sequences[row, ids.shape[1]:], alone), f"row {row}"
 
 
-def test_sampled_trees_follow_the_target():
+@pytest.mark.parametrize("arch", ["qwen3_moe", "deepseek_v3", "gpt_oss", "glm4_moe"])
+def test_sampled_trees_follow_the_target(arch):
     vocab, prompt = 6, [1, 4, 2, 5]
-    target_model = tiny_model("qwen3_moe", vocab_size=vocab, seed=4)
+    target_model = tiny_model(arch, vocab_size=vocab, seed=4)
     draft = tiny_model("llama", vocab_size=vocab, seed=5, num_hidden_layers=1)
     target = TargetModel(target_model)
     decoder = SpecDecoder(target, DraftModelDrafter(draft, target), StaticController(TreeBudget(6, 2, 3, sampled=True)))
