@@ -214,16 +214,17 @@ def _store(folder: Path, tensors: dict[str, torch.Tensor]) -> Path:
     `model.safetensors.index.json`. A single-file checkpoint becomes a sharded one: its
     `model.safetensors` is renamed, not rewritten, to `model-00001-of-00002.safetensors` and the
     tensors go to `model-00002-of-00002.safetensors` (transformers reads a single file where there
-    is one and would ignore the index beside it). A sharded one gets `mtp_layers.safetensors`.
+    is one and would ignore the index beside it, so a stale index from an earlier save is replaced).
+    A sharded one gets `mtp_layers.safetensors`.
     Tensors of the same names already listed are replaced. Returns the file written."""
     index_path = folder / "model.safetensors.index.json"
     single = folder / "model.safetensors"
-    if index_path.is_file():
+    if index_path.is_file() and not single.is_file():
         index = json.loads(index_path.read_text())
         second = "model-00002-of-00002.safetensors"  # ours when it holds nothing but these tensors (a retrained layer)
         held = {key for key, file in index["weight_map"].items() if file == second}
         out = folder / (second if held and held <= set(tensors) else "mtp_layers.safetensors")
-    elif single.is_file():
+    elif single.is_file():  # loaders read a single file over any index beside it: it is the checkpoint
         first = folder / "model-00001-of-00002.safetensors"
         with safe_open(str(single), "pt") as f:
             index = {"metadata": {}, "weight_map": {key: first.name for key in f.keys()}}

@@ -166,3 +166,12 @@ def test_the_mtp_layers_experts_are_offloaded_with_the_targets(tmp_path):
         offload.close()
         if drafter.offload is not None:
             drafter.offload.close()
+
+
+def test_a_checkpoint_saved_again_into_its_folder_gets_its_mtp_layers_again(tmp_path):
+    """save_pretrained over a folder that already holds shards and an index writes a single file,
+    which loaders read first: adding the MTP layers again must go by that file, not the stale index."""
+    first = tiny_mtp_checkpoint("deepseek_v3", tmp_path, 1)
+    again = tiny_mtp_checkpoint("deepseek_v3", tmp_path, 1)
+    assert not (tmp_path / "model.safetensors").exists()
+    assert torch.equal(load_mtp_layers(first).layers[0].eh_proj.weight, load_mtp_layers(again).layers[0].eh_proj.weight)
