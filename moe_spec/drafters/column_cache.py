@@ -59,3 +59,14 @@ class ColumnCache:
                 buffer[self.rows, :, self.columns] = new.transpose(1, 2)
             out.append(buffer[:, :, : self.width])
         return out[0], out[1]
+
+
+def additive(open_: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """bool -> additive mask of the same shape: 0 where open, dtype-min elsewhere."""
+    return torch.zeros(open_.shape, dtype=dtype, device=open_.device).masked_fill_(~open_, torch.finfo(dtype).min)
+
+
+def prefix_mask(visible: list[int], dtype: torch.dtype, device) -> torch.Tensor:
+    """[B, P] additive mask over the columns before a tree (P = max(visible)): row b sees its first visible[b]."""
+    open_ = torch.arange(max(visible), device=device)[None] < torch.tensor(visible, device=device)[:, None]
+    return additive(open_, dtype)

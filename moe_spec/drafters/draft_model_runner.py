@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from moe_spec.drafters.column_cache import ColumnCache
+from moe_spec.drafters.column_cache import ColumnCache, additive, prefix_mask
 
 
 class DraftModelRunner:
@@ -54,12 +54,11 @@ class DraftModelRunner:
         self._cache.keep_rows(rows)
 
     def _closed(self, open_: torch.Tensor) -> torch.Tensor:
-        return torch.zeros(open_.shape, dtype=self.dtype, device=self.device).masked_fill_(~open_, torch.finfo(self.dtype).min)
+        return additive(open_, self.dtype)
 
     def prefix_mask(self, visible: list[int]) -> torch.Tensor:
         """[B, P] additive mask over the pair columns before a tree (P = max(visible))."""
-        columns = max(visible)
-        return self._closed(torch.arange(columns, device=self.device)[None] < torch.tensor(visible, device=self.device)[:, None])
+        return prefix_mask(visible, self.dtype, self.device)
 
     def logits(self, h: torch.Tensor) -> torch.Tensor:
         """[M, D] final (normed) states -> [M, V] the draft model's logits."""

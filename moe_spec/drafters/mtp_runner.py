@@ -26,7 +26,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from moe_spec.drafters.column_cache import ColumnCache
+from moe_spec.drafters.column_cache import ColumnCache, additive, prefix_mask
 
 
 class MtpRunner:
@@ -69,13 +69,11 @@ class MtpRunner:
         self._outputs = [o[index] if o is not None else None for o in self._outputs]
 
     def _closed(self, open_: torch.Tensor) -> torch.Tensor:
-        """bool -> additive mask: 0 where open, dtype-min elsewhere."""
-        return torch.zeros(open_.shape, dtype=self.dtype, device=self.device).masked_fill_(~open_, torch.finfo(self.dtype).min)
+        return additive(open_, self.dtype)
 
     def prefix_mask(self, visible: list[int]) -> torch.Tensor:
-        """[B, P] additive mask over the columns before a tree (P = max(visible)): row b sees its first visible[b]."""
-        columns = max(visible)
-        return self._closed(torch.arange(columns, device=self.device)[None] < torch.tensor(visible, device=self.device)[:, None])
+        """[B, P] additive mask over the pair columns before a tree (P = max(visible))."""
+        return prefix_mask(visible, self.dtype, self.device)
 
     # -- math ---------------------------------------------------------------------------------
 
