@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+from collections import Counter
 import os
 import platform
 import shlex
@@ -117,14 +118,18 @@ def _bench(args: argparse.Namespace, target: TargetModel, prompts, input_ids, re
     reports = {}
     for sampling in samplings:  # each setting in turn, every method interleaved within it
         settings = replace(base, temperature=sampling.temperature, top_k=sampling.top_k, top_p=sampling.top_p)
+        before = _decisions(methods)
         runs = run_methods(target, methods, input_ids, settings, progress=False if args.no_progress else None,
                            classes=classes)
+        decisions = _decision_shares(before, _decisions(methods))
         config = _config(args, target.model, names, settings)
         if target.offload is not None:
             config["offload"] = offload_summary(target.offload)
         if context.profile_source is not None:
             config["profile"] = context.profile_source
         report = build_report(runs, names, classes, meta, config, static_best=any(n.partition("@")[0] == STATIC_BEST for n in requested))
+        if decisions:
+            report["decisions"] = decisions
         if args.trace is not None:
             config["trace"] = _trace(args, context, input_ids, classes, settings, config, runs)
         reports[sampling_label(sampling)] = report
@@ -134,12 +139,13 @@ def _bench(args: argparse.Namespace, target: TargetModel, prompts, input_ids, re
         if args.plots is not None:
             report["config"]["plots"] = [str(p) for p in write_bench_plots(report, Path(args.plots))]
         print(format_report(report))
+        print(_format_decisions(report.get("decisions", {})))
         line = {"command": "bench", "json": args.json_out, **summary_line(report)}
     else:
         for label, one in reports.items():
             if args.plots is not None:
                 one["config"]["plots"] = [str(p) for p in write_bench_plots(one, Path(args.plots) / label)]
-            print(f"=== sampling {label} ===\n{format_report(one)}\n")
+            print(f"=== sampling {label} ===\n{format_report(one)}\n{_format_decisions(one.get('decisions', {}))}\n")
         side_by_side = _side_by_side(reports)
         print(side_by_side)
         report = {"sampling": list(reports), "reports": reports}
@@ -150,6 +156,30 @@ def _bench(args: argparse.Namespace, target: TargetModel, prompts, input_ids, re
     write_json(args.json_out, report)
     print(json.dumps(line))
     return report
+
+
+def _decisions(methods) -> dict[str, Counter]:
+    """Per bounded method (`moe-aware` and its ablations), the steps each arm has decided so far."""
+    return {method.name: Counter(method.controller.decisions) for method in methods
+            if getattr(getattr(method, "controller", None), "decisions", None) is not None}
+
+
+def _decision_shares(before: dict[str, Counter], after: dict[str, Counter]) -> dict[str, dict[str, float]]:
+    """Each bounded method's share of steps per arm between two `_decisions` (warm-up included)."""
+    shares = {}
+    for name, counts in after.items():
+        steps = counts - before.get(name, Counter())
+        total = sum(steps.values())
+        if total:
+            shares[name] = {arm: round(n / total, 4) for arm, n in steps.most_common()}
+    return shares
+
+
+def _format_decisions(shares: dict[str, dict[str, float]]) -> str:
+    """One line per bounded method: which arm decided what share of its steps."""
+    lines = [f"steps decided by ({name}): " + ", ".join(f"{arm} {share:.0%}" for arm, share in arms.items())
+             for name, arms in shares.items()]
+    return "\n".join(lines)
 
 
 def _samplings(args: argparse.Namespace) -> list[SamplingConfig]:

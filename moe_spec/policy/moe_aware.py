@@ -62,7 +62,7 @@ class MoeAwareController(ProfiledController):
     (`CostCorrection`). Drafting pauses (probing every `probe_every` steps) when the *measured*
     throughput of speculative steps (tokens per ms of draft + plan + verify + acceptance over the last steps,
     `ThroughputTracker`; a sampled chain's tokens as expected from its exact acceptance probabilities,
-    `_tokens_expected`) falls below that of plain steps by more than its standard error; plain
+    `tokens_expected`) falls below that of plain steps by more than its standard error; plain
     steps are measured, or predicted by the scaled cost model until one is. The measurement covers
     what the model cannot see, such as the drafter's and the controller's own time. Without online measurements (`adapt=False`, a replay) the model's verdict pauses drafting
     instead, after `recent_steps` sized choices of no node.
@@ -77,9 +77,11 @@ class MoeAwareController(ProfiledController):
 
     def __init__(self, profile, price_experts: bool = True, adapt: bool = True, persist: bool = False,
                  recent_steps: int = 4, probe_every: int = 4, candidate_growth: float = 1.25, candidate_min: int = 4,
-                 scheme: CandidateScheme = CandidateScheme.AUTO, residency=None, price_residency: bool = True):
+                 scheme: CandidateScheme = CandidateScheme.AUTO, residency=None, price_residency: bool = True,
+                 gate: bool = True):
         super().__init__(profile, adapt=adapt, persist=persist, scheme=scheme)
         self.price_experts = price_experts
+        self.gate = gate  # pause drafting where speculation measures (or, in a replay, is modelled) below plain
         self.residency = residency  # () -> [L, E] bool, or None: experts not offloaded
         self.price_residency = price_residency
         self.candidate_growth = candidate_growth
@@ -93,7 +95,7 @@ class MoeAwareController(ProfiledController):
         self._verify_plan: _VerifyPlan | None = None  # what the last plan knew of the nodes it verifies
         self._rows = 1  # rows of the batch decoding now (from the last plan)
         self.price_depths = True  # drafting stops where no deeper node could pay (`DepthPricer`)
-        self.expect_tokens = True  # the gate measures a sampled chain's expected tokens (`_tokens_expected`)
+        self.expect_tokens = True  # the gate measures a sampled chain's expected tokens (`tokens_expected`)
         self._curve: dict[int, np.ndarray] = {}  # tokens -> [L] the profile's unique-experts curve there
         self._chain: ChainAcceptance | None = None  # sampled chains' acceptance per depth, when the profile measured it
         self._chain_ms: dict[tuple[int, int], float] = {}  # (nodes, rows) -> the profile's verify ms of such chains
@@ -203,7 +205,7 @@ class MoeAwareController(ProfiledController):
             self.rates, self._rates_rows = ThroughputTracker(), record.verified.rows
         # the whole step as the controller can measure it: a speculative step's acceptance and cache
         # moves cost more than a plain one's (a batch's several ms a step)
-        self.rates.update(record.speculated, self._tokens_expected(record),
+        self.rates.update(record.speculated, self.tokens_expected(record),
                           record.draft_ms + record.plan_ms + record.verify_ms + record.accept_ms)
         plan, self._verify_plan = self._verify_plan, None
         if plan is not None and (plan.nodes, plan.rows) != (record.verified.num_nodes, record.verified.rows):
@@ -221,7 +223,7 @@ class MoeAwareController(ProfiledController):
             else:
                 self._learn_acceptance(record, plan.calibrated if plan is not None else None)
 
-    def _tokens_expected(self, record: StepRecord) -> float:
+    def tokens_expected(self, record: StepRecord) -> float:
         """The tokens the step makes on average given what it drew, for the gate's measured rate: a
         sampled chain's 1 + sum_d a_1 ... a_d from the verification's own exact acceptance
         probabilities (`Acceptance.trials`, up to the first rejected node; deeper nodes at the
@@ -329,6 +331,12 @@ class MoeAwareController(ProfiledController):
     def _prices_fetches(self) -> bool:
         return self.price_experts and self.price_residency and self.residency is not None
 
+    def next_budget(self, rows: int) -> TreeBudget:
+        """The candidate tree to draft next for a batch of `rows` rows, asked by a caller that
+        planned the last steps itself (`BoundedController`)."""
+        self._rows = rows
+        return self._next_budget()
+
     def _next_budget(self) -> TreeBudget:
         """The candidate tree to draft next, from the recent choices and measured rates."""
         self._asked = self._budget_after()
@@ -340,7 +348,8 @@ class MoeAwareController(ProfiledController):
         # measured rates do: the model's zero-node choices over a few steps of bad luck paused
         # drafting where speculation was measured to pay (1.35x ar against 1.41x, shipped set)
         chose_plain = len(self._recent) == self.recent_steps and all(choice.nodes == 0 for choice in self._recent)
-        if (chose_plain and not self.adapt) or (self.adapt and self.rates.speculation_loses(plain_rate=self._plain_rate())):
+        if self.gate and ((chose_plain and not self.adapt)
+                          or (self.adapt and self.rates.speculation_loses(plain_rate=self._plain_rate()))):
             self._plain_steps += 1
             if self._plain_steps % self.probe_every:
                 return NO_DRAFT  # speculation has not paid lately: skip drafting

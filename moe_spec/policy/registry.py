@@ -29,6 +29,7 @@ from moe_spec.core.drafting import EAGLE2_BUDGET, Drafter, TreeBudget
 from moe_spec.core.target import TargetModel
 from moe_spec.errors import InputError
 from moe_spec.policy.candidate_scheme import CandidateScheme
+from moe_spec.policy.bounded_controller import BoundedController
 from moe_spec.policy.moe_aware import MoeAwareController
 from moe_spec.policy.truncate import TruncateController, token_count_cost
 from moe_spec.policy.static import StaticController
@@ -73,10 +74,18 @@ def _static(budget: TreeBudget, profile: ProfileSource, scheme: CandidateScheme)
     return StaticController(budget, scheme, profile)
 
 
-def _moe_aware(price_experts: bool = True, price_residency: bool = True):
+def _moe_aware(price_experts: bool = True, price_residency: bool = True, bounded: bool = True):
+    """The controller of `moe-aware` and its ablations: the cost model's sizing, bounded by fixed
+    budgets (`BoundedController`) in a real run; alone, with its own gate, in a replay (no
+    measured throughput to choose by) or unbounded (`bounded=False`)."""
     def build(arg, profile: ProfileSource, adapt: bool, scheme: CandidateScheme, residency=None) -> Controller:
-        return MoeAwareController(profile(), price_experts=price_experts, adapt=adapt, scheme=scheme,
-                                  residency=residency, price_residency=price_residency)
+        bound = bounded and adapt
+        # bounded, the sizing keeps what it learnt across requests, as the bandit does: it decides
+        # few steps of each, and started afresh each time it was judged by its warm-up trees
+        sizing = MoeAwareController(profile(), price_experts=price_experts, adapt=adapt, scheme=scheme,
+                                    residency=residency, price_residency=price_residency, gate=not bound,
+                                    persist=bound)
+        return BoundedController(sizing) if bound else sizing
     return build
 
 
@@ -94,6 +103,8 @@ METHODS: dict[str, Policy] = {
     # experts priced by their compute alone, not by whether they are resident
     "moe-aware-noexperts": Policy(True, _moe_aware(price_experts=False)),
     "moe-aware-noresidency": Policy(True, _moe_aware(price_residency=False)),
+    # the sizing alone, with its own pause-and-probe gate: what the bound over fixed budgets adds
+    "moe-aware-unbounded": Policy(True, _moe_aware(bounded=False)),
 }
 
 AR = "ar"

@@ -1,0 +1,116 @@
+"""`BoundedController`: the cost model's per-step sizing, kept no worse than the best fixed budget.
+
+The sizing (`MoeAwareController`) prices every candidate by its calibrated acceptance and the
+experts it newly loads, and wins where those predictions hold; where they do not (sampled steps
+whose acceptance swings, experts missing from an offload cache) a fixed one- to three-node tree or
+plain decoding has beaten it. So the sizing is one arm of a `BudgetBandit` whose other arms are
+plain decoding and a few fixed budgets (`static:N`, run exactly as the `static:N` method runs), and
+each step is decided by the arm of highest upper confidence bound on its measured throughput. The
+sizing decides as long as it measures at least as well as the best of them; the plain arm replaces
+the sizing's own pause-and-probe gate.
+
+Only the step's own time is measured (draft + plan + verify + acceptance), the tokens as the sizing
+counts them (a sampled chain's expected tokens given its draws, else the tokens made). Every step's
+record still teaches the sizing's online corrections (machine speed, acceptance per depth), so it
+is current whenever it is chosen again.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from moe_spec.core.control import StepPlan
+from moe_spec.core.drafting import EAGLE2_BUDGET, NO_DRAFT, TreeBudget
+from moe_spec.core.forest import StepForest
+from moe_spec.core.sampling import GREEDY, SamplingConfig
+from moe_spec.core.step_record import StepRecord
+from moe_spec.policy.budget_bandit import BudgetBandit, RegimeKey
+from moe_spec.policy.moe_aware import MoeAwareController
+from moe_spec.policy.static import StaticController
+
+SIZED = "sized"  # the arm of the cost model's per-step sizing
+PLAIN = "plain"  # the arm of plain decoding
+# fixed budgets beside the sizing, tried in this order before any is judged: the best fixed trees
+# measured on this project's pairs sit at 1-4 nodes (offloaded, sampled) and 3-6 (greedy, eager,
+# batches); plain decoding last. Few arms: each costs the steps that measure it (with 6 arms whose
+# steps swing +-45%, about 4.5% of the best arm's rate over 400 steps, `tests/policy`)
+FIXED_ARMS = (4, 2, 1, 6)
+
+
+class BoundedController:
+    """A `MoeAwareController` (built with its gate off) and fixed budgets, chosen per step by a
+    `BudgetBandit`; see the module docstring. `decisions` counts the steps each arm decided."""
+
+    def __init__(self, sizing: MoeAwareController, fixed: tuple[int, ...] = FIXED_ARMS,
+                 bandit: BudgetBandit | None = None):
+        if sizing.gate:
+            raise ValueError("the sizing's own gate must be off: the bandit's plain arm decides plain steps")
+        self.sizing = sizing
+        self.name = sizing.name
+        self.profile = sizing.profile
+        self._static: dict[str, StaticController] = {
+            f"static:{n}": StaticController(EAGLE2_BUDGET.with_nodes(n), sizing.scheme, lambda: sizing.profile)
+            for n in fixed}
+        self.bandit = bandit or BudgetBandit((SIZED, *self._static, PLAIN))
+        unknown = set(self.bandit.arms) - {SIZED, PLAIN, *self._static}
+        if unknown:
+            raise ValueError(f"the bandit's arms {sorted(unknown)} are none of {SIZED!r}, {PLAIN!r} or the fixed budgets")
+        self._budgets: dict[str, TreeBudget] = {**{name: static.budget for name, static in self._static.items()},
+                                                PLAIN: NO_DRAFT}  # until `begin` gives them the request's scheme
+        self._sampling: SamplingConfig = GREEDY
+        self._rows = 1
+        self._arm = SIZED  # the arm whose budget drafted the step now being planned
+        self._next_arm = SIZED
+        self._steps = 0  # steps of the request decoding now
+        self.decisions: Counter = Counter()  # arm -> steps it decided, over the controller's life
+        self.settle_steps = 4  # a request's first steps, decided but not judged (see `observe`)
+
+    @property
+    def persist(self) -> bool:
+        return self.sizing.persist
+
+    def begin(self, default: TreeBudget, sampling: SamplingConfig = GREEDY) -> TreeBudget:
+        self._sampling = sampling
+        self._rows = 1
+        self._steps = 0
+        sized = self.sizing.begin(default, sampling)
+        budgets = {name: static.begin(default, sampling) for name, static in self._static.items()}
+        self._budgets = {**budgets, PLAIN: NO_DRAFT}
+        self._arm = self._choose()
+        return sized if self._arm == SIZED else self._budgets[self._arm]
+
+    def plan(self, candidates: StepForest, draft_ms: float) -> StepPlan:
+        candidates = StepForest.of(candidates)
+        self._rows = candidates.rows
+        arm = self._arm
+        if arm == SIZED:
+            verify = self.sizing.plan(candidates, draft_ms).verify
+        elif arm == PLAIN or not candidates.num_drafted:
+            verify = candidates
+        else:
+            verify = self._static[arm].plan(candidates, draft_ms).verify
+        self._next_arm = self._choose()
+        return StepPlan(verify, self._budget_of(self._next_arm))
+
+    def observe(self, record: StepRecord) -> None:
+        self.sizing.observe(record)
+        self._steps += 1
+        self.decisions[self._arm] += 1
+        # a request's first steps pay its cold start whichever arm decides them (offloaded experts
+        # not yet resident, a short prefix): judged, they made the arm that happened to open each
+        # request look worst and the choice rotate among the fixed budgets
+        if self._steps > self.settle_steps:
+            ms = record.draft_ms + record.plan_ms + record.verify_ms + record.accept_ms
+            self.bandit.record(self._key(record.verified.rows), self._arm, self.sizing.tokens_expected(record), ms)
+        self._arm = self._next_arm
+
+    def _choose(self) -> str:
+        return self.bandit.choose(self._key(self._rows))
+
+    def _key(self, rows: int) -> RegimeKey:
+        return RegimeKey.of(self._sampling, rows)
+
+    def _budget_of(self, arm: str) -> TreeBudget:
+        if arm == SIZED:
+            return self.sizing.next_budget(self._rows)
+        return self._budgets[arm]

@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# moe-aware (bounded by fixed budgets) against every fixed budget and its unbounded sizing, per
+# regime, on the shipped prompts (configs/bench/heldout.jsonl) and the held-out ones
+# (configs/bench/foreign_heldout.jsonl, never tuned on), with the defaults a user gets (no thread
+# flag). Tables: analysis/results/controller_regimes/*.txt; summary: scripts/controller_table.py.
+# Usage: scripts/controller_regimes.sh [REGIME...]   (default: every regime; --repeats via $REPEATS)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-.venv/bin/python}
+OUT=analysis/results/controller_regimes
+REPEATS=${REPEATS:-1}
+METHODS=ar,static-best,moe-aware,moe-aware-unbounded
+mkdir -p "$OUT"
+declare -A SETS=([shipped]=configs/bench/heldout.jsonl [heldout]=configs/bench/foreign_heldout.jsonl)
+
+bench() {  # name, then bench options
+  local name=$1; shift
+  for set in shipped heldout; do
+    "$PY" -m moe_spec.cli.main bench "$@" --prompts "${SETS[$set]}" --limit 2 --methods "$METHODS" \
+      --repeats "$REPEATS" --no-progress --json "$OUT/${name}_${set}.json" > "$OUT/${name}_${set}.txt" 2>&1
+    tail -1 "$OUT/${name}_${set}.txt" | cut -c1-160
+  done
+}
+
+profile_disk() {  # the shipped profile with this machine's fetch cost, for the offload regimes
+  [ -f analysis/results/offload/profile_disk.json ] && [ analysis/results/offload/profile_disk.json -nt moe_spec/assets/default_profile.json ] && return
+  "$PY" scripts/profile_fetch.py --profile moe_spec/assets/default_profile.json --prompts configs/bench/profile.jsonl \
+    --max-prompts 8 --out analysis/results/offload/profile_disk.json
+}
+
+run() {
+  case $1 in
+    greedy) bench greedy --config configs/bench_default.yaml ;;
+    t1) bench t1 --config configs/bench_default.yaml --temperature 1 ;;
+    eager) bench eager --config configs/bench_default.yaml --experts-implementation eager ;;
+    batch4) bench batch4 --config configs/bench_default.yaml --batch-size 4 ;;
+    offload16) profile_disk; bench offload16 --config configs/bench_offload.yaml ;;
+    offload16_t1) profile_disk; bench offload16_t1 --config configs/bench_offload.yaml --temperature 1 ;;
+    offload8) profile_disk; bench offload8 --config configs/bench_offload.yaml --resident-experts 8 ;;
+    offload32) profile_disk; bench offload32 --config configs/bench_offload.yaml --resident-experts 32 ;;
+    *) echo "unknown regime $1" >&2; exit 2 ;;
+  esac
+}
+
+for regime in "${@:-offload16 offload16_t1 greedy t1 eager batch4 offload8 offload32}"; do
+  for one in $regime; do run "$one"; done
+done

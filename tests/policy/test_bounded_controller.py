@@ -1,0 +1,117 @@
+"""`moe-aware`'s bound over fixed budgets: the bandit keeps to the best measured arm with few
+plays of the others, each arm decodes exactly as its own method does, and the whole stays lossless."""
+
+import random
+
+import pytest
+import torch
+
+from moe_spec import LookupDrafter, SpecDecoder
+from moe_spec.core.drafting import EAGLE2_BUDGET
+from moe_spec.core.sampling import GREEDY, SamplingConfig
+from moe_spec.policy.bounded_controller import PLAIN, SIZED, BoundedController
+from moe_spec.policy.budget_bandit import BudgetBandit, RegimeKey
+from moe_spec.policy.moe_aware import MoeAwareController
+from moe_spec.policy.registry import build_controller
+from moe_spec.policy.static import StaticController
+from moe_spec.testing.helpers import PLAIN_PROMPT, REPETITIVE_PROMPT, hf_greedy
+
+from tests.policy.test_controllers import CountingLookupDrafter, _profiled
+
+ONE_ROW = RegimeKey.of(GREEDY, 1)
+
+
+def _play(bandit: BudgetBandit, rates: dict[str, float], steps: int, seed: int = 0, key=ONE_ROW) -> list[str]:
+    """`steps` steps of arms whose steps make 1-5 tokens (uniform, as accepted lengths swing) in a
+    time that does not depend on them, `rates[arm]` tokens per ms on average."""
+    rng = random.Random(seed)
+    chosen = []
+    for _ in range(steps):
+        arm = bandit.choose(key)
+        tokens = rng.randint(1, 5)
+        bandit.record(key, arm, tokens, 3 / rates[arm] * rng.uniform(0.8, 1.2))
+        chosen.append(arm)
+    return chosen
+
+
+def test_the_bandit_tries_each_arm_in_order_then_keeps_to_the_best():
+    rates = {"a": 0.7, "b": 1.0, "c": 0.5}
+    late_best, regret = [], []
+    for seed in range(10):
+        bandit = BudgetBandit(("a", "b", "c"))
+        chosen = _play(bandit, rates, 600, seed)
+        assert chosen[:9] == ["a"] * 3 + ["b"] * 3 + ["c"] * 3
+        late_best.append(chosen[300:].count("b") / 300)
+        regret.append(sum(1 - rates[arm] for arm in chosen) / 600)
+    assert min(late_best) > 0.8 and sum(regret) / 10 < 0.04, (late_best, regret)
+
+
+def test_the_bandits_plays_of_a_worse_arm_grow_far_slower_than_the_steps():
+    first = second = 0
+    for seed in range(5):
+        chosen = _play(BudgetBandit(("best", "worse")), {"best": 1.0, "worse": 0.75}, 2000, seed)
+        first, second = first + chosen[:1000].count("worse"), second + chosen[1000:].count("worse")
+    assert first < 5 * 100 and second < first, (first, second)
+
+
+def test_regimes_are_measured_apart_and_a_new_regime_starts_by_trying_every_arm():
+    bandit = BudgetBandit(("a", "b"))
+    _play(bandit, {"a": 1.0, "b": 0.5}, 100)
+    sampled = RegimeKey.of(SamplingConfig(temperature=1.0), 1)
+    assert sampled != ONE_ROW and RegimeKey.of(GREEDY, 3) == RegimeKey.of(GREEDY, 4) != ONE_ROW
+    assert bandit.choose(sampled) == "a" and bandit.rates(sampled) == {}
+    for _ in range(bandit.min_plays):
+        bandit.record(sampled, "a", 1, 10.0)
+    assert bandit.choose(sampled) == "b"
+
+
+def test_the_sizings_own_gate_must_be_off_and_arms_must_be_known():
+    _, _, profile = _profiled("qwen3_moe")
+    with pytest.raises(ValueError, match="gate"):
+        BoundedController(MoeAwareController(profile))
+    with pytest.raises(ValueError, match="static:5"):
+        BoundedController(MoeAwareController(profile, gate=False), bandit=BudgetBandit(("static:5",)))
+
+
+@pytest.mark.parametrize("arch", ["qwen3_moe", "deepseek_v3"])
+def test_a_fixed_arm_decodes_exactly_as_its_static_method(arch):
+    model, target, profile = _profiled(arch)
+    sizing = MoeAwareController(profile, gate=False)
+    bounded = BoundedController(sizing, fixed=(2,), bandit=BudgetBandit(("static:2",)))
+    static = StaticController(EAGLE2_BUDGET.with_nodes(2))
+    prompt = torch.tensor([REPETITIVE_PROMPT])
+    ours = SpecDecoder(target, drafter=LookupDrafter(), controller=bounded).generate(prompt, max_new_tokens=20)
+    theirs = SpecDecoder(target, drafter=LookupDrafter(), controller=static).generate(prompt, max_new_tokens=20)
+    assert torch.equal(ours.sequences, theirs.sequences)
+    assert torch.equal(ours.sequences, hf_greedy(model, REPETITIVE_PROMPT, 20))
+    assert [s.tree_size for s in ours.stats.steps] == [s.tree_size for s in theirs.stats.steps]
+    assert bounded.decisions["static:2"] == len(ours.stats.steps)
+
+
+def test_the_plain_arm_drafts_nothing():
+    model, target, profile = _profiled("qwen3_moe")
+    bounded = BoundedController(MoeAwareController(profile, gate=False), bandit=BudgetBandit((PLAIN,)))
+    drafter = CountingLookupDrafter()
+    result = SpecDecoder(target, drafter=drafter, controller=bounded).generate(torch.tensor([PLAIN_PROMPT]),
+                                                                               max_new_tokens=12)
+    assert torch.equal(result.sequences, hf_greedy(model, PLAIN_PROMPT, 12))
+    assert drafter.proposals == 0 and all(step.tree_size == 0 for step in result.stats.steps)
+
+
+def test_moe_aware_is_bounded_in_a_real_run_and_learns_across_requests():
+    model, target, profile = _profiled("qwen3_moe")
+    controller = build_controller("moe-aware", lambda: profile)
+    assert isinstance(controller, BoundedController) and controller.bandit.arms[0] == SIZED
+    replayed = build_controller("moe-aware", lambda: profile, adapt=False)
+    assert isinstance(replayed, MoeAwareController) and replayed.gate, "a replay measures no throughput to choose by"
+    assert isinstance(build_controller("moe-aware-unbounded", lambda: profile), MoeAwareController)
+    decoder = SpecDecoder(target, drafter=LookupDrafter(), controller=controller)
+    steps = 0
+    for prompt in (REPETITIVE_PROMPT, PLAIN_PROMPT, REPETITIVE_PROMPT):
+        result = decoder.generate(torch.tensor([prompt]), max_new_tokens=16)
+        assert torch.equal(result.sequences, hf_greedy(model, prompt, 16))
+        steps += len(result.stats.steps)
+    assert sum(controller.decisions.values()) == steps
+    windows = controller.bandit.windows(ONE_ROW).values()
+    judged = steps - 3 * controller.settle_steps  # each request's first steps are not judged
+    assert sum(window.plays for window in windows) == judged, "every request's steps are kept for the next"
