@@ -139,7 +139,8 @@ def _bench(args: argparse.Namespace, target: TargetModel, prompts, input_ids, re
         if args.plots is not None:
             report["config"]["plots"] = [str(p) for p in write_bench_plots(report, Path(args.plots))]
         print(format_report(report))
-        print(_format_decisions(report.get("decisions", {})))
+        if report.get("decisions"):
+            print(_format_decisions(report["decisions"]))
         line = {"command": "bench", "json": args.json_out, **summary_line(report)}
     else:
         for label, one in reports.items():
@@ -291,6 +292,8 @@ def _command_line(args: argparse.Namespace) -> str:
                         ("--offload-workers", args.offload_workers)):
         if value is not None:
             parts += [flag, str(value)]
+    if args.no_prefetch:
+        parts.append("--no-prefetch")
     if args.sampling is not None:
         parts += ["--sampling", *(sampling_label(s) for s in args.sampling)]
     return shlex.join(parts)

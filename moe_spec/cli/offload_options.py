@@ -29,7 +29,8 @@ STORE_ROOT = Path("runs") / "expert_store"
 EVICTIONS = tuple(e.value for e in Eviction)
 # dest -> option, for the options that only mean something with --offload
 _DEPENDENT = {"resident_experts": "--resident-experts", "offload_dir": "--offload-dir",
-              "offload_cache": "--offload-cache", "eviction": "--eviction", "offload_workers": "--offload-workers"}
+              "offload_cache": "--offload-cache", "eviction": "--eviction", "offload_workers": "--offload-workers",
+              "no_prefetch": "--no-prefetch"}
 
 
 def add_offload_arguments(parser: argparse.ArgumentParser) -> None:
@@ -50,6 +51,8 @@ def add_offload_arguments(parser: argparse.ArgumentParser) -> None:
                        help=f"which resident expert a miss replaces (default {Eviction(OFFLOAD_DEFAULTS['eviction']).value})")
     group.add_argument("--offload-workers", type=positive_int, default=None, metavar="N",
                        help=f"parallel reads (default {OFFLOAD_DEFAULTS['workers']})")
+    group.add_argument("--no-prefetch", action="store_const", const=True, default=None,
+                       help="do not read the experts a plan predicts ahead of their layers (default: read ahead)")
 
 
 def offload_config(args: argparse.Namespace) -> OffloadConfig | None:
@@ -71,6 +74,7 @@ def offload_config(args: argparse.Namespace) -> OffloadConfig | None:
         cache=cache,
         eviction=args.eviction or OFFLOAD_DEFAULTS["eviction"],
         workers=args.offload_workers or OFFLOAD_DEFAULTS["workers"],
+        prefetch=not args.no_prefetch,
     )
 
 
@@ -85,7 +89,7 @@ def offload_summary(offload: ExpertOffload) -> dict:
     """What a command's JSON reports of the offload: `ExpertOffload.summary()` with the settings as fields."""
     config = offload.config
     return {**offload.summary(), "tier": config.tier, "resident_experts": config.resident, "cache": config.cache,
-            "eviction": config.eviction.value, "workers": config.workers}
+            "eviction": config.eviction.value, "workers": config.workers, "prefetch": config.prefetch}
 
 
 def default_store_dir(args: argparse.Namespace) -> Path:

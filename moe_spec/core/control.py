@@ -23,6 +23,10 @@ from moe_spec.core.step_record import StepRecord
 class StepPlan:
     verify: StepForest  # per row, the subtree to verify: connected, containing the root (alone: a plain step)
     next_budget: TreeBudget  # the candidate tree the drafter expands to at the next step
+    # [L] expert ids each MoE layer is expected to need in the verify pass (the plan's predicted
+    # routing); with the experts offloaded, the engine reads the ones not resident ahead of the
+    # layers (`ExpertOffload.prefetch`). None: no prediction.
+    expected_experts: tuple[tuple[int, ...], ...] | None = None
 
 
 class Controller(Protocol):

@@ -19,6 +19,7 @@ first failure only after all of them have stopped writing into slots.
 from __future__ import annotations
 
 import time
+import threading
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 
 import torch
@@ -60,7 +61,9 @@ class DiskFetcher:
         self.verify = verify
         self.block_bytes = store.layout.block_bytes
         self._pool = ThreadPoolExecutor(workers, thread_name_prefix="moe_spec-expert-read")
-        self._buffers = [aligned_buffer(self.block_bytes) for _ in range(workers)]  # one staging buffer per worker
+        # one staging buffer per reading thread (the pool's and the caller's): reads of several
+        # layers may be in flight at once (`ExpertOffload.prefetch`), so a buffer is never shared
+        self._local = threading.local()
         self._layer_buffer = None  # for whole-layer reads, allocated on first use
 
     def bytes_per_expert(self) -> int:
@@ -71,13 +74,20 @@ class DiskFetcher:
         if not jobs:
             return PendingReads()
         if len(jobs) == 1:  # one read: in this thread, without a hand-off to the pool (measured cheaper)
-            self._read_share(position, jobs, slots, self._buffers[0])
+            self._read_share(position, jobs, slots)
             return PendingReads()
         shares = [jobs[w:: self.workers] for w in range(min(self.workers, len(jobs)))]
-        return PendingReads([self._pool.submit(self._read_share, position, share, slots, self._buffers[w])
-                             for w, share in enumerate(shares)])
+        return PendingReads([self._pool.submit(self._read_share, position, share, slots) for share in shares])
 
-    def _read_share(self, position: int, share: Jobs, slots: list[torch.Tensor], buffer) -> None:
+    def _buffer(self):
+        """This thread's staging buffer, allocated on its first read."""
+        buffer = getattr(self._local, "buffer", None)
+        if buffer is None:
+            buffer = self._local.buffer = aligned_buffer(self.block_bytes)
+        return buffer
+
+    def _read_share(self, position: int, share: Jobs, slots: list[torch.Tensor]) -> None:
+        buffer = self._buffer()
         view = memoryview(buffer)
         for expert, slot in share:
             self.store.read(position, expert, view, verify=self.verify)

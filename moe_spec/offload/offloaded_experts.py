@@ -66,6 +66,7 @@ class OffloadConfig:
     scratch: int | None = None  # slots a pass streams overflow through; default 2 * top-k
     workers: int = 4  # parallel reads
     verify_reads: bool = False  # check every block's CRC-32 as it is read
+    prefetch: bool = True  # read the experts a plan expects while earlier layers compute (`ExpertOffload.prefetch`)
 
     def __post_init__(self):
         if self.tier not in TIERS:
@@ -83,7 +84,9 @@ class OffloadConfig:
     def describe(self) -> str:
         if self.cache == "whole-layer":
             return f"{self.tier}, whole-layer fetching"
-        return f"{self.tier}, {'no cache' if self.resident == 0 else f'{self.resident} resident, {self.eviction.value}'}"
+        if self.resident == 0:
+            return f"{self.tier}, no cache"
+        return f"{self.tier}, {self.resident} resident, {self.eviction.value}{'' if self.prefetch else ', no prefetch'}"
 
 
 @dataclass
@@ -92,7 +95,7 @@ class OffloadCounters:
 
     calls: int = 0
     hits: int = 0  # (layer, expert) a pass needed and found resident
-    misses: int = 0  # (layer, expert) a pass needed and had to read
+    misses: int = 0  # (layer, expert) a pass read: needed and not resident, or read ahead for it (prefetch)
     bytes_read: int = 0
     wait_ms: float = 0.0  # time the forward waited on reads (what compute did not hide)
     per_layer_misses: list[int] = field(default_factory=list)
@@ -153,6 +156,7 @@ class ExpertOffload:
         else:
             self.fetcher = DiskFetcher(store, config.workers, config.verify_reads)
         self.counters = OffloadCounters(per_layer_misses=[0] * len(experts))
+        self._ahead: dict[int, tuple[list[tuple[int, int]], object]] = {}  # layer -> (admitted, PendingReads) in flight
         self.model_fingerprint: dict | None = None  # the model's `fingerprint` before its experts left (profiles match it)
         self.implementation: str | None = None  # the name registered in transformers' ExpertsInterface
         self.full_bytes = len(experts) * self.num_experts * store.layout.payload_bytes
@@ -194,12 +198,59 @@ class ExpertOffload:
             rows.append(tuple(row))
         return FetchCost(counts, tuple(rows), self.config.tier, self.fetcher.bytes_per_expert())
 
+    def prefetch(self, experts_per_layer) -> int:
+        """Start reading, in the background, the experts each MoE layer is expected to need in the
+        next pass (`experts_per_layer`: [L] expert ids, from the plan's predicted routing) and does
+        not hold; returns the reads started. Issued before the pass, they proceed while the layers
+        before compute, so a layer waits only for what is left of its reads (SP-MoE, MoE-SpAc). At
+        most half a layer's resident slots are given to predictions, and none with no cache or
+        whole-layer fetching. Outputs are unchanged: an expert computes the same from any slot."""
+        if not self.config.prefetch or self.config.cache == "whole-layer":
+            return 0
+        started = 0
+        for position, experts in enumerate(experts_per_layer[: len(self.caches)]):
+            cache = self.caches[position]
+            if not cache.capacity:
+                break
+            self._land(position)  # an earlier prefetch of this layer lands before its slots are planned again
+            resident = cache.resident
+            wanted = [e for e in dict.fromkeys(int(e) for e in experts) if not resident[e]][: cache.capacity // 2]
+            if not wanted:
+                continue
+            admitted = cache.plan(wanted).admitted  # every one a miss: no overflow within half the slots
+            self._ahead[position] = (admitted, self.fetcher.fetch(position, admitted, cache.slots))
+            started += len(admitted)
+        return started
+
+    def _land(self, position: int) -> tuple[set[int], float]:
+        """Wait for the layer's prefetch in flight, if any, and make its experts resident; returns
+        (the experts it read, ms waited). A failed read leaves its slots empty."""
+        entry = self._ahead.pop(position, None)
+        if entry is None:
+            return set(), 0.0
+        admitted, pending = entry
+        cache = self.caches[position]
+        try:
+            wait_ms = pending.wait()
+        except BaseException:
+            cache.abort(admitted)
+            raise
+        cache.commit(admitted)
+        return {expert for expert, _ in admitted}, wait_ms
+
     def clear(self) -> None:
         """Forget every resident expert (a cold start)."""
+        for position in list(self._ahead):
+            self._land(position)  # no read may still write into a slot the cold cache hands out again
         for cache in self.caches:
             cache.clear()
 
     def close(self) -> None:
+        for position in list(self._ahead):
+            try:
+                self._land(position)
+            except Exception:  # closing: a failed background read has nothing left to corrupt
+                pass
         self.fetcher.close()
         self.store.close()
 
@@ -209,6 +260,7 @@ class ExpertOffload:
         """hidden_states [T, D], top_k_index [T, K], top_k_weights [T, K] -> [T, D]."""
         position = self._position[id(module)]
         cache = self.caches[position]
+        ahead, ahead_ms = self._land(position)  # read for this pass while earlier layers computed
         experts_of_pairs = top_k_index.reshape(-1).cpu().numpy()  # [S = T*K] expert of each (token, k) pair
         needed = np.unique(experts_of_pairs).tolist()
         slot_of = np.full(self.num_experts, -1, dtype=np.int64)  # [E] slot each needed expert is read from
@@ -228,14 +280,16 @@ class ExpertOffload:
         cache.commit(plan.admitted)
         for expert, slot in plan.hits + plan.admitted:
             slot_of[expert] = slot
+        # what was read ahead counts as this pass's reads (needed or not), and its exposed wait
+        hits, misses, wait_ms = len(plan.hits) - len(ahead.intersection(needed)), plan.misses + len(ahead), wait_ms + ahead_ms
         if not plan.overflow:  # every expert the pass needs is in a resident slot now
-            self._count(position, len(plan.hits), plan.misses, wait_ms)
+            self._count(position, hits, misses, wait_ms)
             return self._in_one_call(position, hidden_states, top_k_index, top_k_weights, experts_of_pairs, slot_of,
                                      needed)
         rows = _PairRows(self, position, hidden_states, experts_of_pairs, top_k_weights)
         rows.compute([e for e, _ in plan.hits + plan.admitted], slot_of)
         wait_ms += self._stream_overflow(position, plan.overflow, rows, slot_of)
-        self._count(position, len(plan.hits), plan.misses, wait_ms)
+        self._count(position, hits, misses, wait_ms)
         return rows.combine(needed)
 
     def _in_one_call(self, position: int, hidden_states: torch.Tensor, top_k_index: torch.Tensor,

@@ -84,13 +84,15 @@ class BoundedController:
         self._rows = candidates.rows
         arm = self._arm
         if arm == SIZED:
-            verify = self.sizing.plan(candidates, draft_ms).verify
+            planned = self.sizing.plan(candidates, draft_ms)
+            verify = planned.verify
         elif arm == PLAIN or not candidates.num_drafted:
             verify = candidates
         else:
             verify = self._static[arm].plan(candidates, draft_ms).verify
         self._next_arm = self._choose()
-        return StepPlan(verify, self._budget_of(self._next_arm))
+        expected = planned.expected_experts if arm == SIZED else self.sizing.expected_experts(verify)
+        return StepPlan(verify, self._budget_of(self._next_arm), expected_experts=expected)
 
     def observe(self, record: StepRecord) -> None:
         self.sizing.observe(record)

@@ -186,7 +186,17 @@ class MoeAwareController(ProfiledController):
         compute time under the profile's prices (None: not known), so that observe prices and
         learns from the pass it measures without predicting either again."""
         self._verify_plan = _VerifyPlan(verify.num_nodes, verify.rows, probs, calibrated, predicted_ms)
-        return StepPlan(verify, self._next_budget())
+        expected = _union(probs) if probs is not None and self._prices_fetches() else None
+        return StepPlan(verify, self._next_budget(), expected_experts=expected)
+
+    def expected_experts(self, verify: StepForest) -> tuple[tuple[int, ...], ...] | None:
+        """[L] the experts each layer is expected to need to verify `verify`, for a pass planned by
+        someone else (`BoundedController`'s fixed arms); None unless the experts are offloaded and
+        priced by residency (the only case where reading them ahead can pay)."""
+        if not self._prices_fetches():
+            return None
+        probs = self._expert_probs(StepForest.of(verify))  # [L, N, E]
+        return _union(probs) if probs is not None else None
 
     def _unscaled(self, cost, scaled_ms: float, rows: int) -> float:
         """A verify time of a pass of `rows` rows predicted under the scaled prices `cost`, under the
@@ -477,6 +487,13 @@ def _chain_trials(record: StepRecord) -> list[tuple[int, float]]:
         depths, ranks = tree.depth_list, tree.rank_list
         out += [(depths[node], probability) for node, probability in acceptance.trials if ranks[node] == 0]
     return out
+
+
+def _union(probs) -> tuple[tuple[int, ...], ...]:
+    """[L] the experts each layer more likely than not loads for some node: P = 1 - prod_n (1 - p_n)
+    over the nodes' predicted routing probs [L, N, E] (0/1 sets: exactly their union)."""
+    used = 1.0 - (1.0 - probs.double()).prod(dim=1)  # [L, E]
+    return tuple(tuple(row.nonzero().flatten().tolist()) for row in used > 0.5)
 
 
 def _cheapest_node_ms(growth, cost) -> float:

@@ -110,7 +110,7 @@ def test_the_default_bench_config_reproduces_the_default_bench():
     args = parse(["bench", "--config", str(CONFIGS / "bench_default.yaml")])
     assert args.methods == "ar,eagle2,static-best,truncate,moe-aware,moe-aware-noexperts"
     assert (args.prompts, args.limit, args.max_new_tokens, args.threads, args.temperature) == (
-        "configs/bench/heldout.jsonl", 2, 48, 1, 0.0)
+        "configs/bench/heldout.jsonl", 2, 48, None, 0.0)  # no thread flag: as a user runs it
     sampling = parse(["bench", "--config", str(CONFIGS / "bench_sampling.yaml")])
     assert sampling.sampling == [SamplingConfig(1.0), SamplingConfig(0.7, top_p=0.9)]
     assert sampling.methods == ("ar,eagle2@sampled,static-best@sampled,chain:2@sampled,chain:3@sampled,"

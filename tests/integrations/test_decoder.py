@@ -6,6 +6,7 @@ import torch
 import moe_spec
 from moe_spec.core.target import TargetModel
 from moe_spec.loading import load_target
+from moe_spec.policy.bounded_controller import BoundedController
 from moe_spec.policy.moe_aware import MoeAwareController
 from moe_spec.policy.static import StaticController
 from moe_spec.testing.helpers import REPETITIVE_PROMPT
@@ -25,7 +26,8 @@ def test_without_a_profile_it_drafts_the_best_fixed_tree_and_says_so():
 def test_the_embedded_pair_decodes_with_moe_aware_on_its_shipped_profile():
     target = TargetModel(load_target())
     decoder = moe_spec.decoder(target, drafter="default")
-    assert isinstance(decoder.controller, MoeAwareController)
+    assert isinstance(decoder.controller, BoundedController)
+    assert isinstance(decoder.controller.sizing, MoeAwareController)
     prompt = torch.tensor([REPETITIVE_PROMPT])
     result = decoder.generate(prompt, max_new_tokens=16)
     reference = target.model.generate(prompt, do_sample=False, max_new_tokens=16, eos_token_id=[], pad_token_id=0)

@@ -64,12 +64,13 @@ def test_a_profile_without_sampling_settings_keeps_top_tokens_and_says_so(shippe
 def test_controllers_price_with_the_calibration_of_the_request(shipped):
     profile = with_entries(shipped)
     controller = build_controller("moe-aware", lambda: profile)
+    sizing = controller.sizing  # the cost model's sizing, which the bound's first step in a new regime runs
     budget = controller.begin(TreeBudget(), SamplingConfig(1.0))
-    assert budget.sampled and controller.calibration is profile.sampling_acceptance[1].calibration
+    assert budget.sampled and sizing.calibration is profile.sampling_acceptance[1].calibration
     budget = controller.begin(TreeBudget(), SamplingConfig(0.3))
-    assert not budget.sampled and controller.calibration is profile.sampling_acceptance[2].calibration
+    assert not budget.sampled and sizing.calibration is profile.sampling_acceptance[2].calibration
     controller.begin(TreeBudget(), SamplingConfig(0.0))
-    assert controller.calibration is profile.calibration
+    assert sizing.calibration is profile.calibration
 
 
 def test_the_calibration_round_trips_through_a_saved_profile(tmp_path, shipped):

@@ -1,0 +1,61 @@
+"""The controller against fixed trees per regime, from `scripts/controller_regimes.sh`'s reports.
+
+    python scripts/regime_table.py [--results analysis/results/controller_regimes]
+
+One markdown row per report `<regime>_<set>.json`: speedups over `ar` from that report's own
+interleaved run, `moe-aware`'s ratio to the best fixed tree in hindsight (`static-best`) and to the
+one chosen on the other prompts (`static-tuned`), its worst prompt class, its plan share and plain
+steps, and which arm of its bound decided what share of its steps.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+REGIMES = {
+    "greedy": "greedy, B = 1", "t1": "T = 1, B = 1", "eager": "eager, greedy", "batch4": "greedy, B = 4",
+    "offload16": "offload C = 16, greedy", "offload16_t1": "offload C = 16, T = 1",
+    "offload8": "offload C = 8, greedy", "offload32": "offload C = 32, greedy",
+}
+SETS = {"shipped": "shipped", "heldout": "held-out"}
+HEADER = ("| regime | set | moe-aware | unbounded | static-tuned | static-best | moe-aware / tuned | "
+          "moe-aware / best | worst class | plan / plain | steps decided by |")
+
+
+def row(regime: str, name: str, report: dict) -> str:
+    methods = report["methods"]
+    ours, best, tuned = methods["moe-aware"], methods["static-best"], methods["static-tuned"]
+    unbounded = methods.get("moe-aware-unbounded", {}).get("speedup_vs_ar")
+    worst = min((classes["moe-aware"]["speedup_vs_ar"], label) for label, classes in report["per_class"].items())
+    arms = report.get("decisions", {}).get("moe-aware", {})
+    shares = ", ".join(f"{arm} {share:.0%}" for arm, share in list(arms.items())[:3])
+    cells = [
+        REGIMES.get(regime, regime), SETS.get(name, name), f"**{ours['speedup_vs_ar']:.2f}x**",
+        f"{unbounded:.2f}x" if unbounded is not None else "-", f"{tuned['speedup_vs_ar']:.2f}x",
+        f"{best['speedup_vs_ar']:.2f}x ({best['budget']})",
+        f"{ours['tokens_per_s'] / tuned['tokens_per_s']:.2f}", f"{ours['tokens_per_s'] / best['tokens_per_s']:.2f}",
+        f"{worst[0]:.2f}x ({worst[1]})", f"{ours['plan_share']:.1%} / {ours['plain_share']:.0%}", shares,
+    ]
+    return "| " + " | ".join(cells) + " |"
+
+
+def table(results: Path) -> str:
+    lines = [HEADER, "|" + "---|" * (HEADER.count("|") - 1)]
+    for regime in REGIMES:
+        for name in SETS:
+            path = results / f"{regime}_{name}.json"
+            if path.is_file():
+                lines.append(row(regime, name, json.loads(path.read_text())))
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--results", type=Path, default=Path("analysis/results/controller_regimes"))
+    print(table(parser.parse_args().results))
+
+
+if __name__ == "__main__":
+    main()
