@@ -36,12 +36,13 @@ run() {
     batch4) bench batch4 --config configs/bench_default.yaml --batch-size 4 ;;
     offload16) profile_disk; bench offload16 --config configs/bench_offload.yaml ;;
     offload16_t1) profile_disk; bench offload16_t1 --config configs/bench_offload.yaml --temperature 1 ;;
+    offload16_prefetch) profile_disk; bench offload16_prefetch --config configs/bench_offload.yaml --prefetch ;;
     offload8) profile_disk; bench offload8 --config configs/bench_offload.yaml --resident-experts 8 ;;
     offload32) profile_disk; bench offload32 --config configs/bench_offload.yaml --resident-experts 32 ;;
     *) echo "unknown regime $1" >&2; exit 2 ;;
   esac
 }
 
-for regime in "${@:-offload16 offload16_t1 greedy t1 eager batch4 offload8 offload32}"; do
+for regime in "${@:-offload16 offload16_t1 greedy t1 batch4 offload8 offload32 offload16_prefetch}"; do
   for one in $regime; do run "$one"; done
 done

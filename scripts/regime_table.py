@@ -18,6 +18,7 @@ REGIMES = {
     "greedy": "greedy, B = 1", "t1": "T = 1, B = 1", "eager": "eager, greedy", "batch4": "greedy, B = 4",
     "offload16": "offload C = 16, greedy", "offload16_t1": "offload C = 16, T = 1",
     "offload8": "offload C = 8, greedy", "offload32": "offload C = 32, greedy",
+    "offload16_prefetch": "offload C = 16, greedy, read ahead",
 }
 SETS = {"shipped": "shipped", "heldout": "held-out"}
 HEADER = ("| regime | set | moe-aware | unbounded | static-tuned | static-best | moe-aware / tuned | "

@@ -292,8 +292,8 @@ def _command_line(args: argparse.Namespace) -> str:
                         ("--offload-workers", args.offload_workers)):
         if value is not None:
             parts += [flag, str(value)]
-    if args.no_prefetch:
-        parts.append("--no-prefetch")
+    if args.prefetch:
+        parts.append("--prefetch")
     if args.sampling is not None:
         parts += ["--sampling", *(sampling_label(s) for s in args.sampling)]
     return shlex.join(parts)

@@ -30,7 +30,7 @@ EVICTIONS = tuple(e.value for e in Eviction)
 # dest -> option, for the options that only mean something with --offload
 _DEPENDENT = {"resident_experts": "--resident-experts", "offload_dir": "--offload-dir",
               "offload_cache": "--offload-cache", "eviction": "--eviction", "offload_workers": "--offload-workers",
-              "no_prefetch": "--no-prefetch"}
+              "prefetch": "--prefetch"}
 
 
 def add_offload_arguments(parser: argparse.ArgumentParser) -> None:
@@ -51,8 +51,9 @@ def add_offload_arguments(parser: argparse.ArgumentParser) -> None:
                        help=f"which resident expert a miss replaces (default {Eviction(OFFLOAD_DEFAULTS['eviction']).value})")
     group.add_argument("--offload-workers", type=positive_int, default=None, metavar="N",
                        help=f"parallel reads (default {OFFLOAD_DEFAULTS['workers']})")
-    group.add_argument("--no-prefetch", action="store_const", const=True, default=None,
-                       help="do not read the experts a plan predicts ahead of their layers (default: read ahead)")
+    group.add_argument("--prefetch", action="store_const", const=True, default=None,
+                       help="read the experts a plan predicts (moe-aware) ahead of their layers, while earlier "
+                            "layers compute (default: off; see docs/offload.md)")
 
 
 def offload_config(args: argparse.Namespace) -> OffloadConfig | None:
@@ -74,7 +75,7 @@ def offload_config(args: argparse.Namespace) -> OffloadConfig | None:
         cache=cache,
         eviction=args.eviction or OFFLOAD_DEFAULTS["eviction"],
         workers=args.offload_workers or OFFLOAD_DEFAULTS["workers"],
-        prefetch=not args.no_prefetch,
+        prefetch=bool(args.prefetch),
     )
 
 

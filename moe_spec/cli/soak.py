@@ -142,6 +142,6 @@ def _command_line(args: argparse.Namespace) -> str:
         value = getattr(args, flag)
         if value is not None:
             parts += ["--" + ("json" if flag == "json_out" else flag.replace("_", "-")), str(value)]
-    if args.no_prefetch:
-        parts.append("--no-prefetch")
+    if args.prefetch:
+        parts.append("--prefetch")
     return shlex.join(parts)

@@ -66,7 +66,10 @@ class OffloadConfig:
     scratch: int | None = None  # slots a pass streams overflow through; default 2 * top-k
     workers: int = 4  # parallel reads
     verify_reads: bool = False  # check every block's CRC-32 as it is read
-    prefetch: bool = True  # read the experts a plan expects while earlier layers compute (`ExpertOffload.prefetch`)
+    # read the experts a plan expects while earlier layers compute (`ExpertOffload.prefetch`); off by
+    # default: on this 2-core machine the reads' copies compete with compute for the cores and the
+    # exposed wait did not fall (docs/offload.md)
+    prefetch: bool = False
 
     def __post_init__(self):
         if self.tier not in TIERS:
@@ -86,7 +89,7 @@ class OffloadConfig:
             return f"{self.tier}, whole-layer fetching"
         if self.resident == 0:
             return f"{self.tier}, no cache"
-        return f"{self.tier}, {self.resident} resident, {self.eviction.value}{'' if self.prefetch else ', no prefetch'}"
+        return f"{self.tier}, {self.resident} resident, {self.eviction.value}{', read ahead' if self.prefetch else ''}"
 
 
 @dataclass
@@ -99,6 +102,8 @@ class OffloadCounters:
     bytes_read: int = 0
     wait_ms: float = 0.0  # time the forward waited on reads (what compute did not hide)
     per_layer_misses: list[int] = field(default_factory=list)
+    read_ahead: int = 0  # (layer, expert) read ahead of a pass (`ExpertOffload.prefetch`), counted in `misses`
+    read_ahead_used: int = 0  # of those, the ones the pass needed
 
     def copy(self) -> "OffloadCounters":
         return replace(self, per_layer_misses=list(self.per_layer_misses))
@@ -106,7 +111,8 @@ class OffloadCounters:
     def since(self, earlier: "OffloadCounters") -> "OffloadCounters":
         return OffloadCounters(self.calls - earlier.calls, self.hits - earlier.hits, self.misses - earlier.misses,
                                self.bytes_read - earlier.bytes_read, self.wait_ms - earlier.wait_ms,
-                               [a - b for a, b in zip(self.per_layer_misses, earlier.per_layer_misses)])
+                               [a - b for a, b in zip(self.per_layer_misses, earlier.per_layer_misses)],
+                               self.read_ahead - earlier.read_ahead, self.read_ahead_used - earlier.read_ahead_used)
 
 
 class _SlotView:
@@ -281,7 +287,10 @@ class ExpertOffload:
         for expert, slot in plan.hits + plan.admitted:
             slot_of[expert] = slot
         # what was read ahead counts as this pass's reads (needed or not), and its exposed wait
-        hits, misses, wait_ms = len(plan.hits) - len(ahead.intersection(needed)), plan.misses + len(ahead), wait_ms + ahead_ms
+        used = len(ahead.intersection(needed))
+        hits, misses, wait_ms = len(plan.hits) - used, plan.misses + len(ahead), wait_ms + ahead_ms
+        self.counters.read_ahead += len(ahead)
+        self.counters.read_ahead_used += used
         if not plan.overflow:  # every expert the pass needs is in a resident slot now
             self._count(position, hits, misses, wait_ms)
             return self._in_one_call(position, hidden_states, top_k_index, top_k_weights, experts_of_pairs, slot_of,

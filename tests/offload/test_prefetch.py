@@ -20,7 +20,7 @@ IDS = torch.tensor([REPETITIVE_PROMPT])
 
 @pytest.mark.parametrize("arch", ["qwen3_moe", "deepseek_v3", "gpt_oss"])
 def test_experts_read_ahead_are_resident_when_the_pass_needs_them(make_offloaded, arch):
-    model, offload = make_offloaded(arch, resident=6)
+    model, offload = make_offloaded(arch, resident=6, prefetch=True)
     reference = model_of(arch)
     needed = routed_experts(reference, IDS)  # [L] what the pass will route to
     started = offload.prefetch(needed)
@@ -31,25 +31,27 @@ def test_experts_read_ahead_are_resident_when_the_pass_needs_them(make_offloaded
     done = offload.counters.since(before)
     assert_same_logits(got, reference(input_ids=IDS).logits, arch)
     assert done.misses == sum(len(layer) for layer in needed), "read ahead or on demand, every read is counted once"
+    assert done.read_ahead == started and done.read_ahead_used == started
     assert done.hits == 0, "nothing was resident before the step"
     assert_slots_hold_their_experts(offload, reference)
 
 
-def test_prefetch_is_off_without_a_cache_or_when_switched_off(make_offloaded):
-    for config in ({"resident": 0}, {"resident": 6, "cache": "whole-layer"}, {"resident": 6, "prefetch": False}):
+def test_prefetch_is_off_by_default_and_without_a_cache(make_offloaded):
+    for config in ({"resident": 0, "prefetch": True}, {"resident": 6, "cache": "whole-layer", "prefetch": True},
+                   {"resident": 6}):
         _, offload = make_offloaded("qwen3_moe", **config)
         assert offload.prefetch([[0, 1, 2]] * len(offload.caches)) == 0, config
 
 
 def test_prefetched_experts_never_take_more_than_half_the_slots_and_ids_repeat_harmlessly(make_offloaded):
-    _, offload = make_offloaded("qwen3_moe", resident=4)
+    _, offload = make_offloaded("qwen3_moe", resident=4, prefetch=True)
     assert offload.prefetch([[0, 0, 1, 2, 3, 4]] * len(offload.caches)) == 2 * len(offload.caches)
     offload.clear()  # lands the reads in flight before the cold cache hands their slots out
     assert not any(cache.resident.any() for cache in offload.caches)
 
 
 def test_a_failed_read_ahead_raises_in_the_pass_and_leaves_the_cache_consistent(make_offloaded):
-    model, offload = make_offloaded("qwen3_moe", resident=6)
+    model, offload = make_offloaded("qwen3_moe", resident=6, prefetch=True)
     reference = model_of("qwen3_moe")
     layout = offload.store.layout
     with Truncated(offload, layout.offset(1, 0)):  # layer 1's experts are unreadable
@@ -65,7 +67,7 @@ def test_decoding_with_predicted_experts_read_ahead_stays_greedy_and_reads_ahead
     from tests.offload.test_offload_lossless import reference_profile
     from moe_spec.policy.registry import MethodContext, build_method
 
-    model, offload = make_offloaded("mixtral", resident=3)
+    model, offload = make_offloaded("mixtral", resident=3, prefetch=True)
     target = TargetModel(model, offload=offload)
     method = build_method("moe-aware", MethodContext(target, LookupDrafter, lambda: reference_profile("mixtral")))
     calls = []
