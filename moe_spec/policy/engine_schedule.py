@@ -49,7 +49,7 @@ def union_experts(profile: Profile, rows: int, tokens_per_row: int) -> np.ndarra
     curve = profile.unique_experts_curve
     if curve is None:
         return np.zeros(profile.cost_model.num_layers)
-    experts = float(profile.fingerprint["num_experts"])
+    experts = float(profile.num_experts)
     per_row = np.minimum(curve.real_at(tokens_per_row), experts)
     return experts * (1.0 - (1.0 - per_row / experts) ** rows)
 
@@ -58,8 +58,7 @@ def draft_ms(profile: Profile, rows: int, length: int) -> float:
     """The profile's measured draft time of `rows` chains of `length` nodes (one head forward per depth)."""
     if length == 0:
         return 0.0
-    cost = profile.details.get("draft_cost") or {}
-    base, per_depth, per_node = (float(cost.get(k, 0.0)) for k in ("base_ms", "per_depth_ms", "per_node_ms"))
+    base, per_depth, per_node = profile.draft_cost
     return max(base + per_depth * length + per_node * rows * length, 0.0)
 
 

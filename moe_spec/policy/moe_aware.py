@@ -78,7 +78,7 @@ class MoeAwareController(ProfiledController):
     def __init__(self, profile, price_experts: bool = True, adapt: bool = True, persist: bool = False,
                  recent_steps: int = 4, probe_every: int = 4, candidate_growth: float = 1.25, candidate_min: int = 4,
                  scheme: CandidateScheme = CandidateScheme.AUTO, residency=None, price_residency: bool = True,
-                 gate: bool = True):
+                 gate: bool = True, price_depths: bool = True, expect_tokens: bool = True):
         super().__init__(profile, adapt=adapt, persist=persist, scheme=scheme)
         self.price_experts = price_experts
         self.gate = gate  # pause drafting where speculation measures (or, in a replay, is modelled) below plain
@@ -94,8 +94,8 @@ class MoeAwareController(ProfiledController):
         self._plain_profiled_ms: float | None = None  # the profile's plain step, computed once
         self._verify_plan: _VerifyPlan | None = None  # what the last plan knew of the nodes it verifies
         self._rows = 1  # rows of the batch decoding now (from the last plan)
-        self.price_depths = True  # drafting stops where no deeper node could pay (`DepthPricer`)
-        self.expect_tokens = True  # the gate measures a sampled chain's expected tokens (`tokens_expected`)
+        self.price_depths = price_depths  # drafting stops where no deeper node could pay (`DepthPricer`)
+        self.expect_tokens = expect_tokens  # the gate measures a sampled chain's expected tokens (`tokens_expected`)
         self._curve: dict[int, np.ndarray] = {}  # tokens -> [L] the profile's unique-experts curve there
         self._chain: ChainAcceptance | None = None  # sampled chains' acceptance per depth, when the profile measured it
         self._chain_ms: dict[tuple[int, int], float] = {}  # (nodes, rows) -> the profile's verify ms of such chains
@@ -312,7 +312,7 @@ class MoeAwareController(ProfiledController):
         cost = self.profile.cost_model
         if not cost.num_layers:
             return cost.predict_ms(rows, [], rows=rows)
-        top_k, experts = float(self.profile.fingerprint["top_k"]), float(self.profile.fingerprint["num_experts"])
+        top_k, experts = float(self.profile.top_k), float(self.profile.num_experts)
         unique = experts * (1.0 - (1.0 - top_k / experts) ** rows)  # exactly K for one row
         return cost.predict_ms(rows, [unique] * cost.num_layers, rows=rows)
 
@@ -410,8 +410,8 @@ class MoeAwareController(ProfiledController):
 
     def _profiled_draft(self) -> tuple[float, float]:
         """(base ms, ms per depth) of the profile's draft formula ((0, 0): it has none)."""
-        section = self.profile.details.get("draft_cost") or {}
-        return float(section.get("base_ms", 0.0)), float(section.get("per_depth_ms", 0.0))
+        cost = self.profile.draft_cost
+        return cost.base_ms, cost.per_depth_ms
 
     def _machine_scale(self) -> float:
         """How much slower than profiled this machine runs now (the verify cost correction's scale)."""
@@ -432,7 +432,7 @@ class MoeAwareController(ProfiledController):
             if not (self.price_experts and cost.num_layers and curve is not None):
                 self._chain_ms[key] = cost.fixed_ms(rows) + cost.per_token_ms * tokens
             else:
-                experts = float(self.profile.fingerprint["num_experts"])
+                experts = float(self.profile.num_experts)
                 unique = experts * (1.0 - (1.0 - self._curve_at(length + 1) / experts) ** rows)  # [L]
                 self._chain_ms[key] = cost.predict_ms(tokens, unique, rows=rows)
         ms = self._chain_ms[key]

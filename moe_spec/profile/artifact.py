@@ -26,6 +26,7 @@ import platform
 import zipfile
 import zlib
 from dataclasses import dataclass, field
+from typing import NamedTuple
 from enum import Enum
 from pathlib import Path
 
@@ -149,6 +150,14 @@ class ExpertPricing(str, Enum):
     PROBABILITIES = "probabilities"
 
 
+class DraftCost(NamedTuple):
+    """A step's draft time as the profiler fitted it: base + per_depth * depth + per_node * nodes (ms)."""
+
+    base_ms: float
+    per_depth_ms: float
+    per_node_ms: float
+
+
 @dataclass(frozen=True)
 class Profile:
     fingerprint: dict
@@ -158,7 +167,7 @@ class Profile:
     expert_table: TokenExpertTable | None  # None for a dense target
     expert_pricing: ExpertPricing | None = None  # how `expert_table` is priced; None exactly when there is no table
     unique_experts_curve: UniqueExpertsCurve | None = None  # None for a dense target
-    details: dict = field(default_factory=dict)  # JSON summaries no policy reads: reports, latency grid, settings
+    details: dict = field(default_factory=dict)  # JSON summaries: reports, latency grid, settings (policies read `draft_cost`)
     arrays: dict[str, np.ndarray] = field(default_factory=dict)  # sidecar extras, e.g. routing_load [L, E]
     schema_version: int = SCHEMA_VERSION
     # acceptance per sampling setting and candidate scheme (empty: only greedy was profiled)
@@ -191,6 +200,22 @@ class Profile:
         """The acceptance calibration for a request: the greedy one, or the nearest profiled sampling
         setting's for this scheme."""
         return calibration_for(self.sampling_acceptance, sampling, sampled, self.calibration)
+
+    @property
+    def draft_cost(self) -> "DraftCost":
+        """The drafter's measured time per step, as the profiler fitted it ((0, 0, 0) where it did not)."""
+        section = self.details.get("draft_cost") or {}
+        return DraftCost(*(float(section.get(key, 0.0)) for key in ("base_ms", "per_depth_ms", "per_node_ms")))
+
+    @property
+    def num_experts(self) -> int:
+        """Routed experts per MoE layer of the profiled target (0: dense)."""
+        return int(self.fingerprint.get("num_experts") or 0)
+
+    @property
+    def top_k(self) -> int:
+        """Experts each token routes to (0: dense)."""
+        return int(self.fingerprint.get("top_k") or 0)
 
     def chain_conditional_for(self, sampling: SamplingConfig) -> tuple[float, ...]:
         """Sampled chains' mean P(accepted | parent reached) per depth at the profiled setting nearest

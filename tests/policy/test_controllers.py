@@ -342,8 +342,8 @@ def test_the_gate_measures_a_sampled_chain_by_the_tokens_it_expects_given_its_dr
     accepted = Acceptance([0, 1], 9, ((1, 0.9), (2, 0.2)))  # node 1 accepted, node 2 tried and rejected
     counted = {}
     for expect in (True, False):
-        controller = MoeAwareController(replace(base, sampling_acceptance=(entry,)), scheme="sampled")
-        controller.expect_tokens = expect
+        controller = MoeAwareController(replace(base, sampling_acceptance=(entry,)), scheme="sampled",
+                                        expect_tokens=expect)
         controller.begin(TreeBudget(60, 5, 10), sampling)
         controller.plan(StepForest((drawn_chain,)), draft_ms=3.0)
         controller.observe(_record([drawn_chain], [accepted], verify_ms=30.0, draft_ms=3.0))

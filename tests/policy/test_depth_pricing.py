@@ -136,14 +136,12 @@ def test_the_draft_cost_tracker_reads_the_forwards_counted(setup):
 
 def test_controller_without_pricing_depths_drafts_as_before(setup):
     _, _, _, profile = setup
-    controller = MoeAwareController(profile)
-    controller.price_depths = False
-    controller.begin(TreeBudget(60, 5, 10))
-    controller._depth_prices = (0.1, 1.0)
-    controller.draft_costs.update(2, 4.0)
-    assert controller._depth_pricer() is None
-    controller.price_depths = True
-    assert isinstance(controller._depth_pricer(), DepthPricer)
+    for price_depths in (False, True):
+        controller = MoeAwareController(profile, price_depths=price_depths)
+        controller.begin(TreeBudget(60, 5, 10))
+        controller._depth_prices = (0.1, 1.0)
+        controller.draft_costs.update(2, 4.0)
+        assert isinstance(controller._depth_pricer(), DepthPricer) if price_depths else controller._depth_pricer() is None
 
 
 def test_a_sampled_tree_is_priced_by_the_experts_a_tree_its_size_loads_on_average(setup):
