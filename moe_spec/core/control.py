@@ -10,6 +10,7 @@ verify pass: a row's node is cheap when its experts are loaded for another row a
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -23,10 +24,10 @@ from moe_spec.core.step_record import StepRecord
 class StepPlan:
     verify: StepForest  # per row, the subtree to verify: connected, containing the root (alone: a plain step)
     next_budget: TreeBudget  # the candidate tree the drafter expands to at the next step
-    # [L] expert ids each MoE layer is expected to need in the verify pass (the plan's predicted
-    # routing); with the experts offloaded, the engine reads the ones not resident ahead of the
-    # layers (`ExpertOffload.prefetch`). None: no prediction.
-    expected_experts: tuple[tuple[int, ...], ...] | None = None
+    # () -> [L] expert ids each MoE layer is expected to need in the verify pass (the plan's
+    # predicted routing), called only where the engine reads the ones not resident ahead of the
+    # layers (experts offloaded with read-ahead on, `ExpertOffload.prefetch`). None: no prediction.
+    expected_experts: Callable[[], tuple[tuple[int, ...], ...]] | None = None
 
 
 class Controller(Protocol):

@@ -200,8 +200,8 @@ class SpecDecoder:
         forest = plan.verify
         t2 = time.perf_counter()
         offload = self.target.offload
-        if offload is not None and plan.expected_experts is not None:  # read ahead of the layers
-            offload.prefetch(plan.expected_experts)
+        if offload is not None and offload.config.prefetch and plan.expected_experts is not None:
+            offload.prefetch(plan.expected_experts())  # read ahead of the layers
         # 3) every row's tree through the target in one forward
         lengths = batch.valid.sum(1)  # [B]
         columns = batch.valid.shape[1]  # the cache's width now (`tail_layout` may have left stale columns)

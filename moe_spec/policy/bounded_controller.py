@@ -10,9 +10,9 @@ sizing decides as long as it measures at least as well as the best of them; the 
 the sizing's own pause-and-probe gate.
 
 Only the step's own time is measured (draft + plan + verify + acceptance), the tokens as the sizing
-counts them (a sampled chain's expected tokens given its draws, else the tokens made). Every step's
-record still teaches the sizing's online corrections (machine speed, acceptance per depth), so it
-is current whenever it is chosen again.
+counts them (a sampled chain's expected tokens given its draws, else the tokens made). The sizing's
+own steps and plain ones teach its online corrections (machine speed, acceptance per depth); a
+fixed arm's step is not learnt from (predicting its pass afresh cost more than its whole plan).
 """
 
 from __future__ import annotations
@@ -95,7 +95,9 @@ class BoundedController:
         return StepPlan(verify, self._budget_of(self._next_arm), expected_experts=expected)
 
     def observe(self, record: StepRecord) -> None:
-        self.sizing.observe(record)
+        # the sizing learns from its own steps and from plain ones (a plain pass's prediction is
+        # cached): the machine's speed and acceptance per depth stay current for when it decides
+        self.sizing.observe(record, learn=self._arm in (SIZED, PLAIN))
         self._steps += 1
         self.decisions[self._arm] += 1
         # a request's first steps pay its cold start whichever arm decides them (offloaded experts

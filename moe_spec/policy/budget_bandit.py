@@ -40,35 +40,50 @@ class RegimeKey(NamedTuple):
 
 @dataclass
 class ArmWindow:
-    """The last `window` steps one arm decided, as (tokens, ms)."""
+    """The last `window` steps one arm decided, as (tokens, ms), with running sums so that a step's
+    choice costs O(arms), not O(steps) (it runs inside every step's plan)."""
 
     window: int = 32
     steps: deque = field(default_factory=deque)
+    _sums: list = field(default_factory=lambda: [0.0] * 5)  # sum t, ms, t^2, t ms, ms^2
 
     def add(self, tokens: float, ms: float) -> None:
         self.steps.append((tokens, ms))
+        self._move(tokens, ms, 1.0)
         if len(self.steps) > self.window:
-            self.steps.popleft()
+            self._move(*self.steps.popleft(), -1.0)
+
+    def _move(self, t: float, ms: float, sign: float) -> None:
+        for k, term in enumerate((t, ms, t * t, t * ms, ms * ms)):
+            self._sums[k] += sign * term
 
     @property
     def plays(self) -> int:
         return len(self.steps)
 
     @property
+    def tokens(self) -> float:
+        return self._sums[0]
+
+    @property
+    def ms(self) -> float:
+        return self._sums[1]
+
+    @property
     def rate(self) -> float:
         """Tokens per ms over the window (a ratio of sums)."""
-        return sum(t for t, _ in self.steps) / sum(ms for _, ms in self.steps)
+        return self._sums[0] / self._sums[1]
 
     def relative_spread(self) -> float | None:
         """The per-step standard deviation of the ratio estimator, relative to the rate (None
-        before two steps): sqrt(mean (t - r ms)^2) / (r mean ms)."""
+        before two steps): sqrt(sum (t - r ms)^2 / (n - 1)) / (r mean ms)."""
         n = len(self.steps)
         if n < 2:
             return None
-        rate = self.rate
-        mean_ms = sum(ms for _, ms in self.steps) / n
-        spread = sum((t - rate * ms) ** 2 for t, ms in self.steps) / (n - 1)
-        return math.sqrt(spread) / (rate * mean_ms) if rate > 0 else None
+        tokens, ms, t2, tm, m2 = self._sums
+        rate = tokens / ms
+        spread = max(t2 - 2 * rate * tm + rate * rate * m2, 0.0) / (n - 1)
+        return math.sqrt(spread) / (rate * ms / n) if rate > 0 else None
 
 
 class BudgetBandit:
@@ -117,9 +132,7 @@ class BudgetBandit:
     @staticmethod
     def _pooled_rate(windows: dict[str, ArmWindow], arms: list[str]) -> float:
         """Tokens per ms over every arm's window together."""
-        tokens = sum(t for arm in arms for t, _ in windows[arm].steps)
-        ms = sum(ms for arm in arms for _, ms in windows[arm].steps)
-        return tokens / ms
+        return sum(windows[arm].tokens for arm in arms) / sum(windows[arm].ms for arm in arms)
 
     @staticmethod
     def _pooled_spread(windows: dict[str, ArmWindow], arms: list[str]) -> float:

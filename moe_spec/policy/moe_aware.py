@@ -186,17 +186,16 @@ class MoeAwareController(ProfiledController):
         compute time under the profile's prices (None: not known), so that observe prices and
         learns from the pass it measures without predicting either again."""
         self._verify_plan = _VerifyPlan(verify.num_nodes, verify.rows, probs, calibrated, predicted_ms)
-        expected = _likely_experts(probs) if probs is not None and self._prices_fetches() else None
+        expected = (lambda: _likely_experts(probs)) if probs is not None and self._prices_fetches() else None
         return StepPlan(verify, self._next_budget(), expected_experts=expected)
 
-    def expected_experts(self, verify: StepForest) -> tuple[tuple[int, ...], ...] | None:
-        """[L] the experts each layer is expected to need to verify `verify`, for a pass planned by
-        someone else (`BoundedController`'s fixed arms); None unless the experts are offloaded and
-        priced by residency (the only case where reading them ahead can pay)."""
-        if not self._prices_fetches():
+    def expected_experts(self, verify: StepForest):
+        """() -> [L] the experts each layer is expected to need to verify `verify`, for a pass planned
+        by someone else (`BoundedController`'s fixed arms), computed when called; None unless the
+        experts are offloaded and priced by residency (the only case where reading them ahead can pay)."""
+        if not self._prices_fetches() or not self.profile.cost_model.num_layers:
             return None
-        probs = self._expert_probs(StepForest.of(verify))  # [L, N, E]
-        return _likely_experts(probs) if probs is not None else None
+        return lambda: _likely_experts(self._expert_probs(StepForest.of(verify)))  # [L, N, E] routing
 
     def _unscaled(self, cost, scaled_ms: float, rows: int) -> float:
         """A verify time of a pass of `rows` rows predicted under the scaled prices `cost`, under the
@@ -207,7 +206,13 @@ class MoeAwareController(ProfiledController):
         scale = self.cost_correction.scale
         return (scaled_ms - cost.fixed_ms(rows)) / scale + base.fixed_ms(rows)
 
-    def observe(self, record: StepRecord) -> None:
+    def observe(self, record: StepRecord, learn: bool = True) -> None:
+        """What the step did; `learn=False`: a step someone else planned (`BoundedController`'s
+        fixed arms) is not learnt from, since predicting its pass and its nodes' values afresh cost
+        more than a fixed tree's whole plan (0.9-1.2% of an offloaded step against 0.1%)."""
+        if not learn:
+            self._verify_plan = None
+            return
         if record.verified.rows != self._rates_rows:
             # rows left the batch: a pass of fewer rows makes fewer tokens a ms, speculative or plain,
             # so a window of 16-row steps says nothing of 3-row ones, nor a plain rate measured at
