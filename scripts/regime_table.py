@@ -22,7 +22,7 @@ REGIMES = {
 }
 SETS = {"shipped": "shipped", "heldout": "held-out"}
 HEADER = ("| regime | set | moe-aware | unbounded | static-tuned | static-best | moe-aware / tuned | "
-          "moe-aware / best | worst class | plan / plain | steps decided by |")
+          "moe-aware / best | worst class | plan / plain | steps decided by | passes; noise |")
 
 
 def row(regime: str, name: str, report: dict) -> str:
@@ -38,8 +38,27 @@ def row(regime: str, name: str, report: dict) -> str:
         f"{best['speedup_vs_ar']:.2f}x ({best['budget']})",
         f"{ours['tokens_per_s'] / tuned['tokens_per_s']:.2f}", f"{ours['tokens_per_s'] / best['tokens_per_s']:.2f}",
         f"{worst[0]:.2f}x ({worst[1]})", f"{ours['plan_share']:.1%} / {ours['plain_share']:.0%}", shares,
+        _noise(methods),
     ]
     return "| " + " | ".join(cells) + " |"
+
+
+def _noise(methods: dict) -> str:
+    """The passes and the median over methods of how far a speedup over `ar` moves between the first
+    two passes, relative to its mean ("-" with one pass)."""
+    plain = methods["ar"].get("tokens_per_s_by_pass") or []
+    moves = []
+    for name, figures in methods.items():
+        passes = figures.get("tokens_per_s_by_pass") or []
+        if name != "ar" and len(passes) >= 2 and len(plain) >= 2:
+            first, second = passes[0] / plain[0], passes[1] / plain[1]
+            moves.append(abs(first - second) / ((first + second) / 2))
+    if not moves:
+        return f"{len(plain) or 1}; -"
+    moves.sort()
+    middle = len(moves) // 2
+    median = moves[middle] if len(moves) % 2 else (moves[middle - 1] + moves[middle]) / 2
+    return f"{len(plain)}; {median:.1%}"
 
 
 def table(results: Path) -> str:

@@ -65,10 +65,6 @@ class BoundedController:
         self.decisions: Counter = Counter()  # arm -> steps it decided, over the controller's life
         self.settle_steps = 4  # a request's first steps, decided but not judged (see `observe`)
 
-    @property
-    def persist(self) -> bool:
-        return self.sizing.persist
-
     def begin(self, default: TreeBudget, sampling: SamplingConfig = GREEDY) -> TreeBudget:
         self._sampling = sampling
         self._rows = 1
