@@ -37,10 +37,16 @@ def row(regime: str, name: str, report: dict) -> str:
         f"{unbounded:.2f}x" if unbounded is not None else "-", f"{tuned['speedup_vs_ar']:.2f}x",
         f"{best['speedup_vs_ar']:.2f}x ({best['budget']})",
         f"{ours['tokens_per_s'] / tuned['tokens_per_s']:.2f}", f"{ours['tokens_per_s'] / best['tokens_per_s']:.2f}",
-        f"{worst[0]:.2f}x ({worst[1]})", f"{ours['plan_share']:.1%} / {ours['plain_share']:.0%}", shares,
+        f"{worst[0]:.2f}x ({worst[1]})", _shares(ours), shares,
         _noise(methods),
     ]
     return "| " + " | ".join(cells) + " |"
+
+
+def _shares(figures: dict) -> str:
+    """Plan share of a step / share of plain steps ("-" where a report has no step records)."""
+    plan, plain = figures.get("plan_share"), figures.get("plain_share")
+    return "-" if plan is None or plain is None else f"{plan:.1%} / {plain:.0%}"
 
 
 def _noise(methods: dict) -> str:
