@@ -47,7 +47,6 @@ class BoundedController:
             raise ValueError("the sizing's own gate must be off: the bandit's plain arm decides plain steps")
         self.sizing = sizing
         self.name = sizing.name
-        self.profile = sizing.profile
         self._static: dict[str, StaticController] = {
             f"static:{n}": StaticController(EAGLE2_BUDGET.with_nodes(n), sizing.scheme, lambda: sizing.profile)
             for n in fixed}
