@@ -93,6 +93,11 @@ class Drafter(Protocol):
     pending token, whose key/value is not yet in the target's cache) and `commit` (the tokens the
     step wrote into the target's cache: the root and the accepted drafts, with their target
     features). `spawn` gives a fresh copy for another row of a batch.
+
+    Budgets nest: from the same state, a budget of k nodes proposes the k best-scored nodes (ties:
+    the lower index) of what a budget of more nodes and the same depth and branching proposes, so
+    what a step verifying N nodes accepted tells what any smaller fixed budget would have
+    (`moe_spec.policy.fewer_nodes`).
     """
 
     default_budget: TreeBudget

@@ -3,7 +3,9 @@
 The suffix of the sequence (the last n tokens, n from `max_ngram` down to `min_ngram`) is
 looked up in the earlier context; the continuations after the most recent matches are merged
 into a trie rooted at the pending token, so several guesses share their common prefixes.
-A node's score is the log of the share of continuations passing through it.
+A node's score is the log of the share of continuations passing through it, and the budget keeps
+the best-scored `max_nodes` (ties: the more recent match), so a smaller budget keeps the best of a
+larger one's nodes, as every drafter here does (`moe_spec.core.drafting.Drafter`).
 """
 
 from __future__ import annotations
@@ -64,21 +66,29 @@ class LookupDrafter:
 def _merge_into_tree(root_token: int, continuations: list[list[int]], budget: TreeBudget) -> DraftTree:
     tokens, parents, counts = [root_token], [-1], [len(continuations)]
     child_of: dict[tuple[int, int], int] = {}
+    children = [0]  # per node: children so far (at most `budget.branching`)
     for continuation in continuations:
         node = 0
         for token in continuation:
             child = child_of.get((node, token))
             if child is None:
-                siblings = sum(1 for (parent, _t) in child_of if parent == node)
-                if len(tokens) - 1 >= budget.max_nodes or siblings >= budget.branching:
+                if children[node] >= budget.branching:
                     break
+                children[node] += 1
                 child = len(tokens)
                 child_of[(node, token)] = child
                 tokens.append(token)
                 parents.append(node)
                 counts.append(0)
+                children.append(0)
             counts[child] += 1
             node = child
     total = max(counts[0], 1)
     scores = [0.0] + [math.log(c / total) for c in counts[1:]]
-    return DraftTree.from_lists(tokens, parents, scores)
+    tree = DraftTree.from_lists(tokens, parents, scores)
+    if len(tokens) - 1 <= budget.max_nodes:
+        return tree
+    # a child's share never exceeds its parent's and ties go to the lower (earlier) index, so the
+    # best-scored set is closed under parents
+    best = sorted(range(1, len(tokens)), key=lambda i: (-scores[i], i))[: budget.max_nodes]
+    return tree.subtree([0] + best)

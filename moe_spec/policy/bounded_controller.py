@@ -10,7 +10,10 @@ sizing decides as long as it measures at least as well as the best of them; the 
 the sizing's own pause-and-probe gate.
 
 Only the step's own time is measured (draft + plan + verify + acceptance), the tokens as the sizing
-counts them (a sampled chain's expected tokens given its draws, else the tokens made). The sizing's
+counts them (a sampled chain's expected tokens given its draws, else the tokens made). A step also
+credits the arms whose tokens it tells exactly: plain decoding's (one a row) after every step, and
+after a fixed budget's greedy step every smaller budget's (`fewer_nodes`), so exploring the larger
+budget measures the smaller ones' acceptance on the same steps. The sizing's
 own steps and plain ones teach its online corrections (machine speed, acceptance per depth); a
 fixed arm's step is not learnt from (predicting its pass afresh cost more than its whole plan).
 """
@@ -25,6 +28,7 @@ from moe_spec.core.forest import StepForest
 from moe_spec.core.sampling import GREEDY, SamplingConfig
 from moe_spec.core.step_record import StepRecord
 from moe_spec.policy.budget_bandit import BudgetBandit, RegimeKey
+from moe_spec.policy.fewer_nodes import tokens_with_fewer_nodes
 from moe_spec.policy.moe_aware import MoeAwareController
 from moe_spec.policy.static import StaticController
 
@@ -32,9 +36,10 @@ SIZED = "sized"  # the arm of the cost model's per-step sizing
 PLAIN = "plain"  # the arm of plain decoding
 # fixed budgets beside the sizing, tried in this order before any is judged: the best fixed trees
 # measured on this project's pairs sit at 1-4 nodes (offloaded, sampled) and 3-6 (greedy, eager,
-# batches); plain decoding last. Few arms: each costs the steps that measure it (with 6 arms whose
-# steps swing +-45%, about 4.5% of the best arm's rate over 400 steps, `tests/policy`)
-FIXED_ARMS = (4, 2, 1, 6)
+# batches); plain decoding last. Each arm costs the steps that measure it, but under greedy
+# decoding a larger budget's steps tell the smaller ones' tokens (`fewer_nodes`), so a smaller
+# budget needs only a few steps of its own (to time it)
+FIXED_ARMS = (4, 2, 1, 6, 3)
 
 
 class BoundedController:
@@ -100,8 +105,21 @@ class BoundedController:
         # request look worst and the choice rotate among the fixed budgets
         if self._steps > self.settle_steps:
             ms = record.draft_ms + record.plan_ms + record.verify_ms + record.accept_ms
-            self.bandit.record(self._key(record.verified.rows), self._arm, self.sizing.tokens_expected(record), ms)
+            self.bandit.record(self._key(record.verified.rows), self._arm, self.sizing.tokens_expected(record), ms,
+                               credits=self._credits(record))
         self._arm = self._next_arm
+
+    def _credits(self, record: StepRecord) -> dict[str, float]:
+        """What the other arms would have made on this step, where the record tells it exactly:
+        plain decoding one token a row; after a fixed budget's greedy step, every smaller one's
+        tokens (`fewer_nodes`)."""
+        credits = {PLAIN: float(record.batch)}
+        if self._arm in self._static and record.sampling.greedy:
+            played = self._static[self._arm].budget.max_nodes
+            for name, static in self._static.items():
+                if static.budget.max_nodes < played:
+                    credits[name] = tokens_with_fewer_nodes(record, static.budget.max_nodes)
+        return credits
 
     def _choose(self) -> str:
         return self.bandit.choose(self._key(self._rows))
