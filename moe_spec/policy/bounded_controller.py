@@ -48,7 +48,7 @@ class BoundedController:
 
     def __init__(self, sizing: MoeAwareController, fixed: tuple[int, ...] = FIXED_ARMS,
                  bandit: BudgetBandit | None = None):
-        if sizing.gate:
+        if sizing.settings.gate:
             raise ValueError("the sizing's own gate must be off: the bandit's plain arm decides plain steps")
         self.sizing = sizing
         self.name = sizing.name

@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import replace
+from dataclasses import dataclass
 from typing import NamedTuple
-
-import numpy as np
 
 from moe_spec.core.control import StepPlan
 from moe_spec.core.drafting import EAGLE2_BUDGET, NO_DRAFT, TreeBudget
@@ -16,10 +14,35 @@ from moe_spec.core.step_record import StepRecord
 from moe_spec.policy.candidate_scheme import CandidateScheme, drawn
 from moe_spec.policy.chain_sizing import ChainAcceptance, best_chain_length
 from moe_spec.policy.draft_pricing import DepthPricer
-from moe_spec.policy.online_correction import DraftCostTracker, ThroughputTracker
+from moe_spec.policy.online_correction import DraftCostTracker
+from moe_spec.policy.profile_prices import ProfilePrices
 from moe_spec.policy.profiled import ProfiledController
 from moe_spec.policy.selection import StepPrices, grow_forest
+from moe_spec.policy.speculation_gate import SpeculationGate
 from moe_spec.profile.cost_model import expected_unique_experts
+
+
+@dataclass(frozen=True)
+class MoeAwareSettings:
+    """What a `MoeAwareController` is built with (its ablations among them), fixed for its life."""
+
+    price_experts: bool = True  # nodes priced by the experts they newly load (False: `-noexperts`)
+    gate: bool = True  # pause drafting where speculation measures (in a replay: is modelled) below plain
+    price_residency: bool = True  # offloaded: non-resident experts priced as fetches
+    candidate_growth: float = 1.25  # the next candidate tree: this many times the recent sized choices' nodes
+    candidate_min: int = 4  # ... and at least this many
+    sampled_min: int = 2  # depth of a sampled candidate chain, when drafting at all
+    recent_steps: int = 4  # sized choices the next candidate tree is sized from
+    probe_every: int = 4  # while the gate pauses drafting, every this many steps drafts anyway
+    price_depths: bool = True  # drafting stops where no deeper node could pay (`DepthPricer`)
+    expect_tokens: bool = True  # a sampled chain counts its expected tokens (`tokens_expected`)
+
+    def __post_init__(self):
+        for name in ("candidate_min", "sampled_min", "recent_steps", "probe_every"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if not self.candidate_growth > 0:
+            raise ValueError(f"candidate_growth must be > 0, got {self.candidate_growth}")
 
 
 class _Choice(NamedTuple):
@@ -58,14 +81,12 @@ class MoeAwareController(ProfiledController):
     chains are measured to reach (`chain_sizing`, `_sized_sampled`), their experts priced by the
     profile's unique-experts curve.
 
-    The profile's verify prices are scaled online by the measured speed of the machine
-    (`CostCorrection`). Drafting pauses (probing every `probe_every` steps) when the *measured*
-    throughput of speculative steps (tokens per ms of draft + plan + verify + acceptance over the last steps,
-    `ThroughputTracker`; a sampled chain's tokens as expected from its exact acceptance probabilities,
-    `tokens_expected`) falls below that of plain steps by more than its standard error; plain
-    steps are measured, or predicted by the scaled cost model until one is. The measurement covers
-    what the model cannot see, such as the drafter's and the controller's own time. Without online measurements (`adapt=False`, a replay) the model's verdict pauses drafting
-    instead, after `recent_steps` sized choices of no node.
+    The profile's verify prices (`ProfilePrices`) are scaled online by the measured speed of the
+    machine (`CostCorrection`). With `gate` (`moe-aware-unbounded`; `moe-aware` bounds the sizing
+    by a bandit instead), drafting pauses where speculation measures below plain decoding
+    (`SpeculationGate`; a sampled chain's tokens counted as expected from its exact acceptance
+    probabilities, `tokens_expected`); without online measurements (`adapt=False`, a replay) the
+    model's verdict pauses it instead, after `recent_steps` sized choices of no node.
 
     With the experts offloaded, `residency` (a callable returning the cache's [L, E] resident
     experts, read at decision time) lets selection price each node's non-resident experts as
@@ -80,33 +101,23 @@ class MoeAwareController(ProfiledController):
                  scheme: CandidateScheme = CandidateScheme.AUTO, residency=None, price_residency: bool = True,
                  gate: bool = True, price_depths: bool = True, expect_tokens: bool = True):
         super().__init__(profile, adapt=adapt, persist=persist, scheme=scheme)
-        self.price_experts = price_experts
-        self.gate = gate  # pause drafting where speculation measures (or, in a replay, is modelled) below plain
+        self.settings = MoeAwareSettings(price_experts=price_experts, gate=gate, price_residency=price_residency,
+                                         candidate_growth=candidate_growth, candidate_min=candidate_min,
+                                         recent_steps=recent_steps, probe_every=probe_every,
+                                         price_depths=price_depths, expect_tokens=expect_tokens)
         self.residency = residency  # () -> [L, E] bool, or None: experts not offloaded
-        self.price_residency = price_residency
-        self.candidate_growth = candidate_growth
-        self.candidate_min = candidate_min
-        self.sampled_min = 2  # depth of a sampled candidate chain, when drafting at all
-        self.recent_steps = recent_steps
-        self.probe_every = probe_every
         self._default = EAGLE2_BUDGET
         self._asked = EAGLE2_BUDGET  # the candidate tree last asked for
-        self._plain_profiled_ms: float | None = None  # the profile's plain step, computed once
         self._verify_plan: _VerifyPlan | None = None  # what the last plan knew of the nodes it verifies
         self._rows = 1  # rows of the batch decoding now (from the last plan)
-        self.price_depths = price_depths  # drafting stops where no deeper node could pay (`DepthPricer`)
-        self.expect_tokens = expect_tokens  # the gate measures a sampled chain's expected tokens (`tokens_expected`)
-        self._curve: dict[int, np.ndarray] = {}  # tokens -> [L] the profile's unique-experts curve there
+        self.prices = ProfilePrices(profile, price_experts)  # the profile's own prices, cached per shape
+        self.speculation_gate = SpeculationGate(probe_every)  # used only with `settings.gate`
         self._chain: ChainAcceptance | None = None  # sampled chains' acceptance per depth, when the profile measured it
-        self._chain_ms: dict[tuple[int, int], float] = {}  # (nodes, rows) -> the profile's verify ms of such chains
-        self._plain_pass: dict[int, float] = {}  # rows -> the profile's plain pass of that many rows
         self._fresh_history()
 
     def _fresh_history(self) -> None:
-        self.rates = ThroughputTracker()
-        self._rates_rows = 1  # the batch's rows when `rates` measured its steps
-        self._recent: deque[_Choice] = deque(maxlen=self.recent_steps)  # the last sized choices
-        self._plain_steps = 0
+        self.speculation_gate.forget()
+        self._recent: deque[_Choice] = deque(maxlen=self.settings.recent_steps)  # the last sized choices
         self.draft_costs = DraftCostTracker()
         self._depth_prices: tuple[float, float] | None = None  # (rate, cheapest node ms) of the last growth, for `DepthPricer`
 
@@ -134,13 +145,13 @@ class MoeAwareController(ProfiledController):
             self.draft_costs.update(self._forwards_run(candidates), draft_ms)
             length = candidates.max_depth
             self._recent.append(_Choice(length, length, False))
-            self._plain_steps = 0
+            self.speculation_gate.drafted()
             predicted = self._chain_verify_ms(length, candidates.rows, scaled=False) if self._prices_expected_experts() else None
             return self._planned(candidates, None, None, predicted)
         # a sampled tree is verified whole and its plan sizes the next one only, whose tokens are not
         # drawn yet: priced by the experts a tree of its size loads on average, not by routing predicted
         expected = drawn(candidates) and self._prices_expected_experts()
-        routed = self.price_experts and not expected
+        routed = self.settings.price_experts and not expected
         # without fetches priced (the common case): the routing as id sets, no one-hot
         sets = self._expert_sets(candidates) if routed and not self._prices_fetches() else None
         probs = self._expert_probs(candidates) if routed and sets is None else None
@@ -152,17 +163,17 @@ class MoeAwareController(ProfiledController):
         fixed_ms, depth_ms = self._draft_prices()
         residency = self.residency() if probs is not None and self._prices_fetches() else None  # [L, E] bool, exact now
         cost = self.cost_model()
-        growth_cost = self._with_expected_experts(cost, candidates) if expected else cost
+        growth_cost = self.prices.with_expected_experts(cost, candidates.num_drafted) if expected else cost
         # a set d levels deep needs d + 1 head forwards (the last finds nothing better to keep)
         growth = grow_forest(candidates, prices, growth_cost, depth_ms, draft_fixed_ms=fixed_ms + depth_ms,
                              residency=residency)
         nodes, depth = growth.sized_shape()
-        if self.price_depths and not drawn(candidates):  # what the next top-candidate tree's `DepthPricer` reads
+        if self.settings.price_depths and not drawn(candidates):  # what the next top-candidate tree's `DepthPricer` reads
             self._depth_prices = (growth.best_rate, _cheapest_node_ms(growth, cost))
         full = growth.best_size >= candidates.num_drafted
         self._recent.append(_Choice(nodes, depth, depth >= candidates.max_depth or full))
         if nodes:
-            self._plain_steps = 0
+            self.speculation_gate.drafted()
         calibrated = self._calibrated(candidates)  # [N] the values `observe` learns acceptance from
         # the growth's price of the verified prefix is the pass's prediction, unless it priced fetches
         # too or no experts at all (the ablation's measured passes are compared with the full model)
@@ -213,15 +224,10 @@ class MoeAwareController(ProfiledController):
         if not learn:
             self._verify_plan = None
             return
-        if record.verified.rows != self._rates_rows:
-            # rows left the batch: a pass of fewer rows makes fewer tokens a ms, speculative or plain,
-            # so a window of 16-row steps says nothing of 3-row ones, nor a plain rate measured at
-            # 16 rows: both measured afresh
-            self.rates, self._rates_rows = ThroughputTracker(), record.verified.rows
         # the whole step as the controller can measure it: a speculative step's acceptance and cache
         # moves cost more than a plain one's (a batch's several ms a step)
-        self.rates.update(record.speculated, self.tokens_expected(record),
-                          record.draft_ms + record.plan_ms + record.verify_ms + record.accept_ms)
+        self.speculation_gate.observe(record.verified.rows, record.speculated, self.tokens_expected(record),
+                                      record.draft_ms + record.plan_ms + record.verify_ms + record.accept_ms)
         plan, self._verify_plan = self._verify_plan, None
         if plan is not None and (plan.nodes, plan.rows) != (record.verified.num_nodes, record.verified.rows):
             plan = None  # not this pass's plan
@@ -245,7 +251,7 @@ class MoeAwareController(ProfiledController):
         per-depth acceptance chains reach, `ChainAcceptance`), where the tokens it made add the
         luck of each acceptance draw. Top candidates, greedy steps and trees with siblings: the
         tokens made."""
-        if self._chain is None or not self.expect_tokens or not drawn(record.verified):
+        if self._chain is None or not self.settings.expect_tokens or not drawn(record.verified):
             return float(record.tokens_produced)
         total = 0.0
         for tree, acceptance in zip(record.verified, record.acceptances):
@@ -284,10 +290,8 @@ class MoeAwareController(ProfiledController):
         return depth + (depth < budget.max_depth and budget.max_nodes > 1)
 
     def _plain_profiled(self) -> float:
-        """The profile's one-row plain step, computed once."""
-        if self._plain_profiled_ms is None:
-            self._plain_profiled_ms = self._plain_pass_ms(1)
-        return self._plain_profiled_ms
+        """The profile's one-row plain step."""
+        return self.prices.plain_pass_ms(1)
 
     def _plain_ms(self) -> float:
         """A one-row plain step's predicted time (the profile's, at the speed measured since)."""
@@ -302,49 +306,18 @@ class MoeAwareController(ProfiledController):
         if rows == 1:
             ms = self._plain_ms()
         else:
-            ms = self._plain_pass_ms(rows)
+            ms = self.prices.plain_pass_ms(rows)
             if self.adapt:
                 ms = ms * self.cost_correction.scale + self.cost_correction.offset_ms(rows)
         return rows / ms
 
-    def _plain_pass_ms(self, rows: int) -> float:
-        """The profile's plain pass of `rows` rows (computed once per row count)."""
-        if rows not in self._plain_pass:
-            self._plain_pass[rows] = self._plain_pass_afresh(rows)
-        return self._plain_pass[rows]
-
-    def _plain_pass_afresh(self, rows: int) -> float:
-        cost = self.profile.cost_model
-        if not cost.num_layers:
-            return cost.predict_ms(rows, [], rows=rows)
-        top_k, experts = float(self.profile.top_k), float(self.profile.num_experts)
-        unique = experts * (1.0 - (1.0 - top_k / experts) ** rows)  # exactly K for one row
-        return cost.predict_ms(rows, [unique] * cost.num_layers, rows=rows)
-
     def _prices_expected_experts(self) -> bool:
-        """Sampled one-row trees are priced by the profile's unique-experts curve (`_with_expected_experts`)."""
-        return (self.price_experts and self._rows == 1 and not self._prices_fetches()
+        """Sampled one-row trees are priced by the profile's unique-experts curve (`ProfilePrices.with_expected_experts`)."""
+        return (self.settings.price_experts and self._rows == 1 and not self._prices_fetches()
                 and self.profile.unique_experts_curve is not None and bool(self.profile.cost_model.num_layers))
 
-    def _with_expected_experts(self, cost, candidates: StepForest):
-        """`cost` with the experts a one-row tree of this many nodes loads on average (the profile's
-        unique-experts curve of real trees, U(T) per layer) folded into its token price, so that
-        pricing tokens alone prices those experts: the whole tree of n nodes and its root costs
-        exactly `cost` at U(n + 1), and each drafted node its share of U(n + 1) - U(1)."""
-        n = candidates.num_drafted
-        weights = cost.expert_weights()  # [L] ms per unique expert at the speed measured now
-        root = float(weights @ self._curve_at(1))  # ms of the experts the root alone loads
-        extra = (float(weights @ self._curve_at(n + 1)) - root) / n  # ms per drafted node
-        return replace(cost, base_ms=cost.base_ms + root - extra, per_token_ms=cost.per_token_ms + extra)
-
-    def _curve_at(self, tokens: int) -> np.ndarray:
-        """[L] the unique-experts curve at `tokens`, read once per size."""
-        if tokens not in self._curve:
-            self._curve[tokens] = self.profile.unique_experts_curve.real_at(tokens)
-        return self._curve[tokens]
-
     def _prices_fetches(self) -> bool:
-        return self.price_experts and self.price_residency and self.residency is not None
+        return self.settings.price_experts and self.settings.price_residency and self.residency is not None
 
     def next_budget(self, rows: int) -> TreeBudget:
         """The candidate tree to draft next for a batch of `rows` rows, asked by a caller that
@@ -362,15 +335,12 @@ class MoeAwareController(ProfiledController):
         # without online measurements (a replay) the model's verdict pauses drafting; with them, the
         # measured rates do: the model's zero-node choices over a few steps of bad luck paused
         # drafting where speculation was measured to pay (1.35x ar against 1.41x, shipped set)
-        chose_plain = len(self._recent) == self.recent_steps and all(choice.nodes == 0 for choice in self._recent)
-        if self.gate and ((chose_plain and not self.adapt)
-                          or (self.adapt and self.rates.speculation_loses(plain_rate=self._plain_rate()))):
-            self._plain_steps += 1
-            if self._plain_steps % self.probe_every:
-                return NO_DRAFT  # speculation has not paid lately: skip drafting
+        chose_plain = len(self._recent) == self.settings.recent_steps and all(choice.nodes == 0 for choice in self._recent)
+        if self.settings.gate and self.speculation_gate.pauses(self._plain_rate if self.adapt else None, chose_plain):
+            return NO_DRAFT  # speculation has not paid lately: skip drafting
         if self.sampled:
             return self._sized_sampled(default)
-        if len(self._recent) < self.recent_steps:
+        if len(self._recent) < self.settings.recent_steps:
             return self._sized(default, 8, 3)
         nodes = max(choice.nodes for choice in self._recent)
         depth = max(choice.depth for choice in self._recent)
@@ -423,27 +393,12 @@ class MoeAwareController(ProfiledController):
         return self.cost_correction.scale if self.adapt else 1.0
 
     def _chain_verify_ms(self, length: int, rows: int, scaled: bool = True) -> float:
-        """Verify time of `rows` chains of `length` nodes and their roots, at the speed measured
-        (`scaled`) or the profile's: each row's L + 1 tokens load the profile's unique-experts curve
-        U(L + 1) per layer, the rows together E (1 - (1 - U / E)^B) (distinct rows route like
-        unrelated tokens); tokens alone when experts are not priced or the profile has no curve
-        (fetches of offloaded experts are not priced here: the cost correction learns their average).
-        The profile's prediction is computed once per shape."""
-        key = (length, rows)
-        if key not in self._chain_ms:
-            cost = self.profile.cost_model
-            tokens = rows * (length + 1)
-            curve = self.profile.unique_experts_curve
-            if not (self.price_experts and cost.num_layers and curve is not None):
-                self._chain_ms[key] = cost.fixed_ms(rows) + cost.per_token_ms * tokens
-            else:
-                experts = float(self.profile.num_experts)
-                unique = experts * (1.0 - (1.0 - self._curve_at(length + 1) / experts) ** rows)  # [L]
-                self._chain_ms[key] = cost.predict_ms(tokens, unique, rows=rows)
-        ms = self._chain_ms[key]
+        """Verify time of `rows` chains of `length` nodes and their roots (`ProfilePrices`), at the
+        speed measured (`scaled`, as `cost_model()` scales it) or the profile's."""
+        ms = self.prices.chain_verify_ms(length, rows)
         if not (scaled and self.adapt):
             return ms
-        return ms * self.cost_correction.scale + self.cost_correction.offset_ms(rows)  # as `cost_model()` scales it
+        return ms * self.cost_correction.scale + self.cost_correction.offset_ms(rows)
 
     def _sized_by_last_chain(self, default: TreeBudget) -> TreeBudget:
         """The next sampled candidate tree: a chain (one draw per node), verified whole, so drafted
@@ -455,8 +410,8 @@ class MoeAwareController(ProfiledController):
         of 3 and 4 nodes 1.33x ar, static:2 1.26x, static:3@sampled with siblings 1.20x; T = 0.7
         top-p 0.9: chain of 3 1.48x, static:2 1.27x, static:4@sampled 1.24x)."""
         last = self._recent[-1] if self._recent else None
-        depth = last.depth + last.edge if last is not None and last.nodes else self.sampled_min
-        depth = min(default.max_depth, default.max_nodes, max(self.sampled_min, depth))
+        depth = last.depth + last.edge if last is not None and last.nodes else self.settings.sampled_min
+        depth = min(default.max_depth, default.max_nodes, max(self.settings.sampled_min, depth))
         return TreeBudget(depth, depth, 1, sampled=True, node_features=self.wants_node_features)
 
     def _sized(self, default: TreeBudget, nodes: int, depth: int, deeper: bool = True) -> TreeBudget:
@@ -464,7 +419,7 @@ class MoeAwareController(ProfiledController):
         `candidate_growth` times the nodes (at least `candidate_min`), one level deeper if `deeper`,
         and only as many expansions per level as that many nodes can use (each expansion is a row of
         the head's forward and of its output projection)."""
-        nodes = min(default.max_nodes, max(self.candidate_min, round(self.candidate_growth * nodes)))
+        nodes = min(default.max_nodes, max(self.settings.candidate_min, round(self.settings.candidate_growth * nodes)))
         depth = min(default.max_depth, max(depth + deeper, 1))
         return TreeBudget(nodes, depth, min(default.branching, max(2, -(-nodes // depth))), sampled=False,
                           node_features=self.wants_node_features, pricer=self._depth_pricer())
@@ -473,7 +428,7 @@ class MoeAwareController(ProfiledController):
         """The next candidate tree's `DepthPricer`, at the last growth's rate and cheapest node and the
         measured per-depth draft time; None before any growth or measured draft, or when not pricing
         depths."""
-        if not self.price_depths or self._depth_prices is None:
+        if not self.settings.price_depths or self._depth_prices is None:
             return None
         rate, node_ms = self._depth_prices
         depth_ms = self._draft_prices()[1]

@@ -51,7 +51,7 @@ import torch
 from moe_spec.profile.cost_model import CostModel
 from moe_spec.core.forest import StepForest
 from moe_spec.core.tree import DraftTree
-from moe_spec.policy.row_growth import ExpertSets, flat_expert_sets, grow_rows
+from moe_spec.policy.row_growth import ExpertSets, SetPricer, flat_expert_sets, grow_rows
 
 
 @dataclass(frozen=True)
@@ -148,19 +148,37 @@ class _ExpertPrices:
         np.matmul(self.miss * self.per_expert, self.by_expert, out=self.node_ms)
 
 
-@dataclass
-class _Growth:
-    """The set chosen so far and what it is worth and costs."""
+class ProbabilityPricer:
+    """`row_growth.ExpertPricer` of routing probabilities (and residency, offloaded experts), on
+    `_ExpertPrices`; without experts priced (`experts` None), every node's experts are free."""
 
-    value: float  # expected tokens: every row's bonus token plus the chosen nodes' values
-    verify_ms: float  # predicted verify time of the padded pass
-    sizes: np.ndarray  # [B] nodes per row, roots included
-    width: int = 1  # the pass's width: the widest row
-    deepest: int = 0  # depth of the deepest chosen node
-    draft_ms: float = 0.0  # the draft time that depth needs
+    def __init__(self, experts: _ExpertPrices | None, cost: CostModel, rows: int):
+        self.experts = experts
+        self.frontier_nodes: dict[int, None] = {}  # in the order they entered
+        if experts is not None:
+            self._roots_ms = cost.predict_ms(rows, experts.expected_unique(), rows=rows, misses=experts.expected_misses())
+        else:
+            self._roots_ms = cost.fixed_ms(rows) + cost.per_token_ms * rows
 
-    def rate(self) -> float:
-        return throughput(self.value, self.draft_ms, self.verify_ms)
+    def roots_pass_ms(self) -> float:
+        return self._roots_ms
+
+    def enter(self, node: int) -> None:
+        self.frontier_nodes[node] = None
+
+    def frontier(self):
+        if self.experts is None:
+            return ((node, 0.0) for node in self.frontier_nodes)
+        prices = self.experts.node_ms.tolist()  # one conversion per pick, not one per node
+        return ((node, prices[node]) for node in self.frontier_nodes)
+
+    def take(self, node: int) -> float:
+        del self.frontier_nodes[node]
+        if self.experts is None:
+            return 0.0
+        ms = float(self.experts.node_ms[node])
+        self.experts.choose(node)
+        return ms
 
 
 def best_first_forest(
@@ -260,129 +278,55 @@ def grow_forest(
     so a new width can be filled across the rows). With one row every node widens the pass, which
     is plain best-first growth by marginal value per marginal time.
 
-    Runs in numpy, on the critical path of every decoding step.
+    The loop is `row_growth.grow_rows`, in plain Python on the critical path of every decoding
+    step; the experts' prices come from a `row_growth.SetPricer` (0/1 routing without residency,
+    the common case) or a `ProbabilityPricer` (probabilities, residency).
     """
     forest = StepForest.of(trees)
     n, batch = forest.num_nodes, forest.rows
     limit = n - batch if max_nodes is None else min(max_nodes, n - batch)
     patience = 11 + batch if patience is None else patience
-    if residency is None:  # 0/1 routing or none priced (the common case), in plain Python (`row_growth`)
-        growth = _grow_sets(forest, prices, cost, depth_ms, draft_fixed_ms, limit, patience)
-        if growth is not None:
-            return growth
-    if any(p.expert_probs is None and p.expert_sets is not None for p in prices):
-        raise ValueError("expert_sets stand in for expert_probs in growth without residency only; "
-                         "pass expert_probs with residency")
-    values = np.array([value for p in prices for value in _value_list(p)])  # [N] float64
-    depths, parents, row_of = forest.depths, forest.parents, forest.row_of
-    priced = cost.num_layers > 0 and all(p.expert_probs is not None for p in prices)
-    experts = _ExpertPrices(forest, prices, cost, residency) if priced else None
-    expert_ms = experts.node_ms if priced else np.zeros(n)  # [N], updated in place by `choose`
-    if priced:
-        roots_ms = cost.predict_ms(batch, experts.expected_unique(), rows=batch, misses=experts.expected_misses())
-    else:
-        roots_ms = cost.fixed_ms(batch) + cost.per_token_ms * batch
-    grown = _Growth(float(batch), roots_ms, np.ones(batch, dtype=np.int64))
-    chosen: list[int] = []
-    history = [(grown.value, grown.verify_ms, grown.draft_ms)]  # after 0, 1, ... added nodes
-    best_rate, best_size, stale = grown.rate(), 0, 0  # stale: changes since the best set
-    is_root = parents < 0
-    in_frontier = np.zeros(n, dtype=bool)
-    in_frontier[~is_root] = is_root[parents[~is_root]]  # the roots' children
-    children = [[] for _ in range(n)]
-    for node in np.flatnonzero(~is_root):
-        children[parents[node]].append(node)
-    deeper = _DeeperPrices(depths, depth_ms, draft_fixed_ms)
-    while len(chosen) < limit and stale < patience:
-        pick = _next_node(in_frontier, grown, values, expert_ms, deeper.at(grown.deepest), row_of, cost)
-        if pick is None:
-            break
-        node, fills_slot = pick
-        if not fills_slot:  # widening the pass: B more tokens
-            grown.width += 1
-            grown.verify_ms += cost.per_token_ms * batch
-        grown.deepest = max(grown.deepest, int(depths[node]))
-        grown.draft_ms = draft_fixed_ms + depth_ms * grown.deepest
-        grown.value += values[node]
-        grown.verify_ms += expert_ms[node]
-        grown.sizes[row_of[node]] += 1
-        chosen.append(node)
-        if priced:
-            experts.choose(node)
-        in_frontier[node] = False
-        in_frontier[children[node]] = True
-        stale += 1
-        history.append((grown.value, grown.verify_ms, grown.draft_ms))
-        if grown.rate() > best_rate:
-            best_rate, best_size, stale = grown.rate(), len(chosen), 0
-    value, verify_ms, draft_ms = (tuple(float(x) for x in column) for column in zip(*history))
-    return ForestGrowth(forest, chosen, value, verify_ms, draft_ms, best_size)
-
-
-def _grow_sets(forest: StepForest, prices: list[StepPrices], cost: CostModel, depth_ms: float, draft_fixed_ms: float,
-               limit: int, patience: int) -> ForestGrowth | None:
-    """`row_growth.grow_rows` on the rows' trees (their routing as each `expert_sets`, or derived
-    from 0/1 `expert_probs`); None when some row's routing is priced as probabilities (not 0/1
-    sets) or only some rows' experts are priced, which the vectorised growth handles."""
-    priced = cost.num_layers > 0 and all(p.priced for p in prices)
-    if cost.num_layers > 0 and not priced and any(p.priced for p in prices):
-        return None
-    sets = None
-    if priced:
-        per_row = [p.expert_sets if p.expert_sets is not None else flat_expert_sets(p.expert_probs) for p in prices]
-        if any(row is None for row in per_row) or len({row.num_experts for row in per_row}) > 1:
-            return None
-        sets = per_row[0].masks if len(per_row) == 1 else [mask for row in per_row for mask in row.masks]
-    per_expert = list(cost.per_expert_ms)  # [L] ms per new expert of each layer (one value: shared by all)
-    expert_ms = (per_expert * cost.num_layers if len(per_expert) == 1 else per_expert) if priced else []
     if forest.rows == 1:  # its flat indices are the tree's own
         tree = forest[0]
         values, parents, depths, row_of = _value_list(prices[0]), tree.parent_list, tree.depth_list, [0] * len(tree)
     else:
         values = [value for p in prices for value in _value_list(p)]
         parents, depths, row_of = forest.parents.tolist(), forest.depths.tolist(), forest.row_of.tolist()
+    pricer = _set_pricer(forest, prices, cost) if residency is None else None
+    if pricer is None:
+        pricer = _probability_pricer(forest, prices, cost, residency)
     order, value, verify_ms, draft_ms, best_size = grow_rows(
-        values, parents, depths, row_of, forest.rows, sets,
-        expert_ms, per_row[0].num_experts if priced else 0,
-        cost.per_token_ms, cost.fixed_ms(forest.rows), depth_ms, draft_fixed_ms, limit, patience)
+        values, parents, depths, row_of, batch, pricer, cost.per_token_ms, depth_ms, draft_fixed_ms, limit, patience)
     return ForestGrowth(forest, order, tuple(value), tuple(verify_ms), tuple(draft_ms), best_size)
 
 
-class _DeeperPrices:
-    """[N] each node's draft price beyond the chosen set's depth (`depth_ms` per further level, plus
-    `draft_fixed_ms` while no node is chosen: the first drafted node pays for drafting at all),
-    recomputed only when the chosen set's depth changes."""
-
-    def __init__(self, depths: np.ndarray, depth_ms: float, draft_fixed_ms: float):
-        self.depths, self.depth_ms, self.draft_fixed_ms = depths, depth_ms, draft_fixed_ms
-        self._deepest, self._prices = -1, None
-
-    def at(self, deepest: int) -> np.ndarray:
-        if deepest != self._deepest:
-            prices = self.depth_ms * np.maximum(self.depths - deepest, 0)
-            self._prices = prices + self.draft_fixed_ms if deepest == 0 else prices
-            self._deepest = deepest
-        return self._prices
-
-
-def _next_node(in_frontier: np.ndarray, grown: _Growth, values: np.ndarray, expert_ms: np.ndarray,
-               deeper_ms: np.ndarray, row_of: np.ndarray, cost: CostModel) -> tuple[int, bool] | None:
-    """The frontier node of best value per marginal ms, and whether it fills a slot the pass
-    computes anyway; None when no frontier node is eligible. Every array is over all N nodes (a
-    dozen numpy calls per pick, whatever the frontier: their count, not their length, is the cost)."""
-    rows = len(grown.sizes)
-    if rows == 1:  # one row: every node widens the pass
-        ratio = values / np.maximum(expert_ms + cost.per_token_ms + deeper_ms, 1e-9)
-        return int(np.argmax(np.where(in_frontier, ratio, -np.inf))), False
-    room = grown.sizes[row_of] < grown.width  # [N] the node fills a slot the pass computes anyway
-    # a free slot's node is only worth it if it raises the throughput by itself
-    eligible = in_frontier & (~room | (values > grown.rate() * (expert_ms + deeper_ms)))
-    slot_ms = np.where(room, 0.0, cost.per_token_ms * rows)  # widening the pass: B more tokens
-    ratio = np.where(eligible, values / np.maximum(expert_ms + slot_ms + deeper_ms, 1e-9), -np.inf)
-    pick = int(np.argmax(ratio))  # the first maximum: ties to the lower index
-    if not eligible[pick]:
+def _set_pricer(forest: StepForest, prices: list[StepPrices], cost: CostModel) -> SetPricer | None:
+    """The rows' routing as bit masks (each `expert_sets`, or derived from 0/1 `expert_probs`), or
+    no routing priced; None when some row's routing is priced as probabilities (not 0/1 sets) or
+    only some rows' experts are priced, which `ProbabilityPricer` handles."""
+    priced = cost.num_layers > 0 and all(p.priced for p in prices)
+    if cost.num_layers > 0 and not priced and any(p.priced for p in prices):
         return None
-    return pick, bool(room[pick])
+    masks, num_experts = None, 0
+    if priced:
+        per_row = [p.expert_sets if p.expert_sets is not None else flat_expert_sets(p.expert_probs) for p in prices]
+        if any(row is None for row in per_row) or len({row.num_experts for row in per_row}) > 1:
+            return None
+        masks = per_row[0].masks if len(per_row) == 1 else [mask for row in per_row for mask in row.masks]
+        num_experts = per_row[0].num_experts
+    per_expert = list(cost.per_expert_ms)  # [L] ms per new expert of each layer (one value: shared by all)
+    expert_ms = (per_expert * cost.num_layers if len(per_expert) == 1 else per_expert) if priced else []
+    roots = list(forest.row_starts[:-1])  # each row's root, in flat indices
+    return SetPricer(masks, expert_ms, num_experts, roots, cost.fixed_ms(forest.rows), cost.per_token_ms)
+
+
+def _probability_pricer(forest: StepForest, prices: list[StepPrices], cost: CostModel,
+                        residency: torch.Tensor | None) -> ProbabilityPricer:
+    if any(p.expert_probs is None and p.expert_sets is not None for p in prices):
+        raise ValueError("expert_sets stand in for expert_probs in growth without residency only; "
+                         "pass expert_probs with residency")
+    priced = cost.num_layers > 0 and all(p.expert_probs is not None for p in prices)
+    return ProbabilityPricer(_ExpertPrices(forest, prices, cost, residency) if priced else None, cost, forest.rows)
 
 
 def best_prefix_by_score(tree: DraftTree, values: torch.Tensor, verify_ms_for_tokens, draft_ms: float) -> list[int]:

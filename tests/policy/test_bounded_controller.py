@@ -103,7 +103,7 @@ def test_moe_aware_is_bounded_in_a_real_run_and_learns_across_requests():
     controller = build_controller("moe-aware", lambda: profile)
     assert isinstance(controller, BoundedController) and controller.bandit.arms[0] == SIZED
     replayed = build_controller("moe-aware", lambda: profile, adapt=False)
-    assert isinstance(replayed, MoeAwareController) and replayed.gate, "a replay measures no throughput to choose by"
+    assert isinstance(replayed, MoeAwareController) and replayed.settings.gate, "a replay measures no throughput to choose by"
     assert isinstance(build_controller("moe-aware-unbounded", lambda: profile), MoeAwareController)
     decoder = SpecDecoder(target, drafter=LookupDrafter(), controller=controller)
     steps = 0

@@ -285,9 +285,9 @@ def test_sampled_candidates_are_chains_drafted_at_the_depth_chosen_and_one_deepe
     controller._recent.append(_Choice(3, 3, True))  # reached the chain's end: the candidates bounded it
     assert shape() == 4
     controller._recent.append(_Choice(1, 1, False))
-    assert shape() == controller.sampled_min, "never below `sampled_min`"
+    assert shape() == controller.settings.sampled_min, "never below `sampled_min`"
     controller._recent.append(_Choice(0, 0, False))  # a plain step
-    assert shape() == controller.sampled_min
+    assert shape() == controller.settings.sampled_min
     controller._recent.append(_Choice(9, 9, True))
     assert shape() == default.max_depth, "capped by the default budget's depth"
 
@@ -347,7 +347,7 @@ def test_the_gate_measures_a_sampled_chain_by_the_tokens_it_expects_given_its_dr
         controller.begin(TreeBudget(60, 5, 10), sampling)
         controller.plan(StepForest((drawn_chain,)), draft_ms=3.0)
         controller.observe(_record([drawn_chain], [accepted], verify_ms=30.0, draft_ms=3.0))
-        counted[expect] = controller.rates.recent[-1][0]
+        counted[expect] = controller.speculation_gate.rates.recent[-1][0]
     assert counted[True] == pytest.approx(1 + 0.9 + 0.9 * 0.2 + 0.9 * 0.2 * 0.5)  # depth 3 untried: the prior's 0.5
     assert counted[False] == 2  # one accepted draft and the bonus token
 
@@ -477,12 +477,12 @@ def test_the_gate_compares_a_batch_with_a_plain_pass_of_the_whole_batch(profiled
     one_row = controller._plain_rate()
     controller.plan(StepForest(_forest(16, 5, seed=2)), draft_ms=1.0)
     batched = controller._plain_rate()
-    assert batched == pytest.approx(16 / (controller._plain_pass_ms(16) * controller.cost_correction.scale))
+    assert batched == pytest.approx(16 / (controller.prices.plain_pass_ms(16) * controller.cost_correction.scale))
     assert batched > 4 * one_row, "a plain pass of 16 rows makes far more tokens per ms than one of 1"
-    for _ in range(controller.rates.min_speculative_steps):
-        controller.rates.update(True, 16, 16 / (4 * one_row))  # 4x one row's rate: under the batch's
-    assert controller.rates.speculation_loses(plain_rate=batched)
-    assert controller._next_budget().drafts_nothing or controller._plain_steps % controller.probe_every == 0
+    for _ in range(controller.speculation_gate.rates.min_speculative_steps):
+        controller.speculation_gate.rates.update(True, 16, 16 / (4 * one_row))  # 4x one row's rate: under the batch's
+    assert controller.speculation_gate.rates.speculation_loses(plain_rate=batched)
+    assert controller._next_budget().drafts_nothing or controller.speculation_gate.paused_steps % controller.speculation_gate.probe_every == 0
 
 
 def test_the_gate_measures_afresh_when_rows_leave_the_batch(profiled):
@@ -494,8 +494,8 @@ def test_the_gate_measures_afresh_when_rows_leave_the_batch(profiled):
     wide, narrow = _forest(16, 3, seed=4), _forest(3, 3, seed=5)
     roots = [DraftTree.root_only(int(tree.tokens[0])) for tree in wide]
     controller.observe(_record(roots, [Acceptance([0], 1)] * 16, verify_ms=40.0, draft_ms=0.0))  # 0.4 tokens a ms
-    assert controller.rates.plain == pytest.approx(0.4)
-    for _ in range(controller.rates.min_speculative_steps):  # 3 rows, 2 tokens each in 30 ms: 0.2 a ms
+    assert controller.speculation_gate.rates.plain == pytest.approx(0.4)
+    for _ in range(controller.speculation_gate.rates.min_speculative_steps):  # 3 rows, 2 tokens each in 30 ms: 0.2 a ms
         controller.observe(_record(narrow, [Acceptance([0, 1], 2)] * 3, verify_ms=30.0, draft_ms=0.0))
-    assert controller.rates.plain is None, "the 16-row plain rate is not held against 3-row steps"
-    assert len(controller.rates.recent) == controller.rates.min_speculative_steps
+    assert controller.speculation_gate.rates.plain is None, "the 16-row plain rate is not held against 3-row steps"
+    assert len(controller.speculation_gate.rates.recent) == controller.speculation_gate.rates.min_speculative_steps

@@ -159,5 +159,5 @@ def test_a_sampled_tree_is_priced_by_the_experts_a_tree_its_size_loads_on_averag
     cost = profile.cost_model
     whole = cost.predict_ms(4, profile.unique_experts_curve.real_at(4))
     assert controller._verify_plan.predicted_ms == pytest.approx(whole)
-    priced = controller._with_expected_experts(cost, forest)
+    priced = controller.prices.with_expected_experts(cost, forest.num_drafted)
     assert priced.fixed_ms() + priced.per_token_ms * 4 == pytest.approx(whole), "tokens alone price the experts"
