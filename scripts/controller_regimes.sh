@@ -13,10 +13,10 @@ METHODS=ar,static-best,moe-aware,moe-aware-unbounded
 mkdir -p "$OUT"
 declare -A SETS=([shipped]=configs/bench/heldout.jsonl [heldout]=configs/bench/foreign_heldout.jsonl)
 
-bench() {  # name, then bench options
+bench() {  # name, then bench options (--limit: prompts per class, 2 unless given)
   local name=$1; shift
   for set in shipped heldout; do
-    "$PY" -m moe_spec.cli.main bench "$@" --prompts "${SETS[$set]}" --limit 2 --methods "$METHODS" \
+    "$PY" -m moe_spec.cli.main bench --limit 2 --prompts "${SETS[$set]}" "$@" --methods "$METHODS" \
       --repeats "$REPEATS" --no-progress --json "$OUT/${name}_${set}.json" > "$OUT/${name}_${set}.txt" 2>&1
     tail -1 "$OUT/${name}_${set}.txt" | cut -c1-160
   done

@@ -234,25 +234,11 @@ class TreeDrafter:
         # (each row's committed pairs and root pair), deeper nodes also their ancestors and themselves
         tree_mask = runner.prefix_mask([c + 1 for c in committed])[:, None]
         for depth in range(2, max(caps) + 1):
-            ranked, order = torch.sort(scores, dim=1, descending=True, stable=True)  # ties: lower index first
-            ranked, order = ranked[:, :width], order[:, :width]
-            if draws is not None:  # every kept node is final: expand the best of the newest depth
-                live = ranked > NEG_INF
-            elif first - 1 + scores.shape[1] >= max_nodes:  # nodes no better than the max_nodes-th best have no kept descendant
-                drafted = torch.cat(all_scores, dim=1)  # [B, nodes so far]
-                threshold = drafted.topk(max_nodes, dim=1).values[:, -1:]  # [B, 1]; -inf with fewer finite nodes
-                live = ranked > threshold
-            else:
-                live = ranked > NEG_INF
-            if min(caps) < depth:
-                live &= depth_of_row >= depth
+            ranked, order, live = _frontier(scores, all_scores, first, width, max_nodes, depth_of_row, depth,
+                                            sampled=draws is not None, capped=min(caps) < depth)
             frontier_values = worth = None
             if pricer is not None:  # a row stops where nothing one depth deeper could pay
-                frontier_values = [[row[slot] if alive else 0.0 for slot, alive in zip(slots, alives)]  # [B][w], 0: not expanded anyway
-                                   for row, slots, alives in zip(values, order.tolist(), live.tolist())]
-                worth = pricer.worth_expanding(depth, frontier_values)
-                if not all(worth):
-                    live &= torch.tensor(worth, device=device)[:, None]
+                live, frontier_values, worth = _priced(pricer, depth, values, order, live)
             counts = live.sum(1).tolist()  # live nodes come first in every row; the counts reach Python (loop bounds)
             m = max(counts)
             if m == 0:
@@ -280,6 +266,39 @@ class TreeDrafter:
                 all_features.append(h.repeat_interleave(width, dim=1))  # [B, m*w, D], children in slot order
         features = torch.cat(all_features, dim=1) if with_features else None
         return torch.cat(all_ids, dim=1), torch.cat(all_parents, dim=1), torch.cat(all_scores, dim=1), features
+
+
+def _frontier(scores: torch.Tensor, all_scores: list[torch.Tensor], first: int, width: int, max_nodes: int,
+              depth_of_row: torch.Tensor, depth: int, sampled: bool, capped: bool,
+              ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The newest depth's (scores [B, S], its first node `first`) best `width` nodes to expand at
+    `depth`: their ranked scores and slots [B, w], and which are live [B, w] bool: sampled, every
+    kept node is final, so the best of the newest depth; top tokens, a node no better than the
+    `max_nodes`-th best drafted so far has no kept descendant; `capped`: rows whose depth cap
+    (`depth_of_row` [B, 1]) is below `depth` expand nothing."""
+    ranked, order = torch.sort(scores, dim=1, descending=True, stable=True)  # ties: lower index first
+    ranked, order = ranked[:, :width], order[:, :width]
+    if not sampled and first - 1 + scores.shape[1] >= max_nodes:
+        drafted = torch.cat(all_scores, dim=1)  # [B, nodes so far]
+        threshold = drafted.topk(max_nodes, dim=1).values[:, -1:]  # [B, 1]; -inf with fewer finite nodes
+        live = ranked > threshold
+    else:
+        live = ranked > NEG_INF
+    if capped:
+        live &= depth_of_row >= depth
+    return ranked, order, live
+
+
+def _priced(pricer: DraftPricer, depth: int, values: list[list[float]], order: torch.Tensor, live: torch.Tensor,
+            ) -> tuple[torch.Tensor, list[list[float]], list[bool]]:
+    """`live` [B, w] less the rows whose frontier `pricer` says is not worth a depth more, the
+    frontier's values [B][w] (0 where not expanded anyway) and each row's verdict [B]."""
+    frontier_values = [[row[slot] if alive else 0.0 for slot, alive in zip(slots, alives)]
+                       for row, slots, alives in zip(values, order.tolist(), live.tolist())]
+    worth = pricer.worth_expanding(depth, frontier_values)
+    if not all(worth):
+        live = live & torch.tensor(worth, device=live.device)[:, None]
+    return live, frontier_values, worth
 
 
 class Draws:
