@@ -5,7 +5,8 @@
 
 For each batch size B (prompts submitted B at a time), one engine per configuration: no speculation,
 a fixed K (`--k`) with the exported head, and the exported schedule (`speculative_config.json`, its K
-chosen per batch size by moe_spec's cost model). Prints tokens per second of each and vLLM's acceptance
+chosen per batch size by moe_spec's cost model), and with `--export-engine` a second export's schedule
+(priced by vLLM's own step costs, `export-vllm --engine-costs measure`). Prints tokens per second of each and vLLM's acceptance
 (accepted draft tokens per draft, per position), then one JSON line. Engines run in vLLM's own
 environment (`make vllm-env`) through `moe_spec/integrations/vllm/engine_run.py`; prompts are token ids
 (`prompt_ids` in the JSON-lines file). On a CPU the figures are functional evidence; the same command is
@@ -36,6 +37,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--k", type=int, default=3)
     parser.add_argument("--max-tokens", type=int, default=32)
     parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--export-engine", type=Path, default=None,
+                        help="a second export, its schedule priced by vLLM's own step costs (`--engine-costs`), "
+                             "run beside the first")
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args(argv)
     if not VLLM_PYTHON.is_file():
@@ -45,9 +49,14 @@ def main(argv: list[str] | None = None) -> int:
     exported = json.loads((args.export / "speculative_config.json").read_text())
     fixed = {"method": exported["method"], "num_speculative_tokens": args.k,
              **({"model": exported["model"]} if "model" in exported else {})}
+    configurations = [("no speculation", None), (f"K = {args.k}", fixed), ("moe_spec schedule", exported)]
+    engine_priced = None
+    if args.export_engine is not None:
+        engine_priced = json.loads((args.export_engine / "speculative_config.json").read_text())
+        configurations.append(("vLLM-priced schedule", engine_priced))
     runs = []
     for batch in (int(b) for b in args.batch_sizes.split(",")):
-        for name, config in (("no speculation", None), (f"K = {args.k}", fixed), ("moe_spec schedule", exported)):
+        for name, config in configurations:
             runs.append({"name": f"{name}, B = {batch}", "batch_size": batch, "repeats": args.repeats,
                          "speculative_config": config})
     job = {"model": args.model, "dtype": "float32", "prompts": prompts, "max_tokens": args.max_tokens,
@@ -80,7 +89,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{run['name']:<28} {rate:>8.1f} {rate / plain[batch]:>7.2f}x {per_draft:>9.2f} {accepted:>14.2f}  "
               f"{spec.get('num_accepted_tokens_per_pos', '-')}")
     summary = {"command": "vllm_bench", "model": args.model, "export": str(args.export), "rows": rows,
-               "schedule": exported.get("num_speculative_tokens_per_batch_size")}
+               "schedule": exported.get("num_speculative_tokens_per_batch_size"),
+               "engine_priced_schedule": (engine_priced or {}).get("num_speculative_tokens_per_batch_size")}
     if args.json is not None:
         args.json.write_text(json.dumps(summary, indent=2) + "\n")
     print(json.dumps(summary))

@@ -22,7 +22,8 @@ from moe_spec.cli.option_types import positive_int
 from moe_spec.cli.profile import read_prompts
 from moe_spec.core.target import TargetModel
 from moe_spec.errors import InputError
-from moe_spec.integrations.vllm.export import export_for_vllm
+from moe_spec.integrations.vllm.export import EngineMeasure, export_for_vllm
+from moe_spec.integrations.vllm.step_costs import EngineCosts
 from moe_spec.loading import load_drafter, load_target, load_tokenizer, model_folder
 from moe_spec.profile.artifact import Profile
 
@@ -42,7 +43,25 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-k", type=positive_int, default=5, help="longest chain considered")
     parser.add_argument("--max-batch", type=positive_int, default=256, help="largest batch size scheduled (vLLM's max_num_seqs)")
     parser.add_argument("--max-new-tokens", type=positive_int, default=48, help="tokens decoded per prompt to measure acceptance")
+    parser.add_argument("--engine-costs", default=None,
+                        help="price the schedule by vLLM's own step times: 'measure' (start vLLM once per K in "
+                             "0..max-k and time each batch size of --engine-batch-sizes; written to "
+                             "OUT/engine_costs.json) or such a file (default: the profile's prices)")
+    parser.add_argument("--engine-batch-sizes", type=batch_sizes, default=(1, 4, 16),
+                        help="batch sizes timed with --engine-costs measure")
+    parser.add_argument("--vllm-python", type=Path, default=Path(".venv-vllm/bin/python"),
+                        help="python of vLLM's own environment (`make vllm-env`), for --engine-costs measure")
     add_model_arguments(parser)
+
+
+def batch_sizes(text: str) -> tuple[int, ...]:
+    try:
+        sizes = tuple(int(part) for part in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated batch sizes, got {text!r}") from None
+    if not sizes or min(sizes) < 1:
+        raise argparse.ArgumentTypeError(f"batch sizes must be >= 1, got {text!r}")
+    return sizes
 
 
 def run(args: argparse.Namespace) -> dict:
@@ -61,15 +80,23 @@ def run(args: argparse.Namespace) -> dict:
     if prompts_file is None:
         raise InputError("--prompts is needed for a model other than the embedded target")
     prompts = read_prompts(prompts_file, load_tokenizer(model_dir), target.vocab_size)
+    engine_costs = measure_engine = None
+    if args.engine_costs == "measure":
+        measure_engine = EngineMeasure(model_dir, args.vllm_python, args.engine_batch_sizes)
+        print(f"timing vLLM's steps: {args.max_k + 1} engines (K = 0..{args.max_k}), batch sizes "
+              f"{list(args.engine_batch_sizes)}; each engine starts in 10-30 s", file=sys.stderr)
+    elif args.engine_costs is not None:
+        engine_costs = EngineCosts.load(Path(args.engine_costs))
     report = export_for_vllm(target, drafter, profile, prompts, args.out, args.max_k, args.max_batch,
                              args.max_new_tokens,
-                             progress=lambda items: tqdm(items, desc="chain acceptance", file=sys.stderr, leave=False))
+                             progress=lambda items: tqdm(items, desc="chain acceptance", file=sys.stderr, leave=False),
+                             engine_costs=engine_costs, measure_engine=measure_engine)
     config = report["speculative_config"]
     print(f"wrote {args.out}: {config['method']}, K per batch size {config['num_speculative_tokens_per_batch_size']}",
           file=sys.stderr)
     for row in report["by_batch_size"]:
         print(f"  B = {row['rows']:>3}: K = {row['length']}  predicted {row['speedup']:.2f}x no speculation", file=sys.stderr)
     summary = {"command": "export-vllm", "out": str(args.out), "speculative_config": config,
-               "reach": report["chain_acceptance"]["reach"], "profile": str(found)}
+               "reach": report["chain_acceptance"]["reach"], "profile": str(found), "priced_by": report["priced_by"]}
     print(json.dumps(summary))  # the full report is OUT/schedule.json
     return summary

@@ -19,7 +19,7 @@ every extra draft token is one more token of compute for every row. Here:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -69,22 +69,28 @@ def step_ms(profile: Profile, rows: int, length: int) -> float:
     return draft_ms(profile, rows, length) + verify
 
 
-def choose(profile: Profile, reach: Sequence[float], rows: int) -> BatchChoice:
-    """The chain length of most tokens per ms for a batch of `rows`, K in 0..len(reach)."""
+StepCost = Callable[[int, int], float]  # (rows, chain length) -> ms of such a step
+
+
+def choose(profile: Profile, reach: Sequence[float], rows: int, step_cost: StepCost | None = None) -> BatchChoice:
+    """The chain length of most tokens per ms for a batch of `rows`, K in 0..len(reach), each step
+    priced by `step_cost` (default: `step_ms`, the profile's prices; an engine's own measured step
+    times: `moe_spec.integrations.vllm.step_costs`)."""
     if rows < 1:
         raise ValueError(f"rows must be >= 1, got {rows}")
-    costs = [step_ms(profile, rows, k) for k in range(len(reach) + 1)]
+    price = step_cost or (lambda rows_, length: step_ms(profile, rows_, length))
+    costs = [price(rows, k) for k in range(len(reach) + 1)]
     length, _ = best_chain_length(reach, lambda k: costs[k], rows)
     values = np.cumsum([rows] + [rows * r for r in reach])  # tokens per step for K = 0..K_max
     rates = tuple(float(v / max(c, 1e-9)) for v, c in zip(values, costs))
     return BatchChoice(rows, length, float(values[length]), costs[length], rates)
 
 
-def schedule(profile: Profile, reach: Sequence[float], max_rows: int) -> list[BatchChoice]:
+def schedule(profile: Profile, reach: Sequence[float], max_rows: int, step_cost: StepCost | None = None) -> list[BatchChoice]:
     """`choose` for every batch size 1..max_rows."""
     if not reach:
         raise ValueError("reach must give the acceptance of at least one draft depth")
-    return [choose(profile, reach, rows) for rows in range(1, max_rows + 1)]
+    return [choose(profile, reach, rows, step_cost) for rows in range(1, max_rows + 1)]
 
 
 def vllm_ranges(choices: Sequence[BatchChoice]) -> list[list[int]]:

@@ -10,7 +10,8 @@ each) and the tests compare what vLLM did with what moe_spec does:
 - vLLM's accepted tokens per chain position with the exported head equal moe_spec's own chain
   drafting with that head on the same prompts (the parity that shows the head means the same there);
 - the exported schedule's K for the batch size is what vLLM drafted;
-- the proposer's chain lengths are what moe_spec's batch controller chooses for what it saw.
+- the proposer's chain lengths are what moe_spec's batch controller chooses for what it saw;
+- a schedule priced by vLLM's own step times (`--engine-costs measure`) is the one its fit prices.
 """
 
 from __future__ import annotations
@@ -28,9 +29,13 @@ import torch
 from moe_spec.cli.main import main
 from moe_spec.core.target import TargetModel
 from moe_spec.drafters.eagle import EagleDrafter
+from moe_spec.integrations.vllm.export import EngineMeasure
 from moe_spec.integrations.vllm.proposer import MoeSpecProposer
+from moe_spec.integrations.vllm.step_costs import EngineCosts, fit
 from moe_spec.measure.chain_reach import chain_counts
 from moe_spec.policy.batch_chains import batch_chain_lengths
+from moe_spec.policy.engine_schedule import schedule, vllm_ranges
+from moe_spec.profile.artifact import Profile
 from moe_spec.testing.tiny_models import tiny_model
 from moe_spec.training.train_draft import DraftTrainSettings, TokenData, train_draft
 
@@ -109,6 +114,11 @@ def world(tmp_path_factory):
         assert main(["export-vllm", "--model", str(root / "target"), "--drafter", drafter, "--profile", str(profile),
                      "--prompts", str(prompt_file), "--out", str(out), "--max-k", str(K), "--max-batch", "8",
                      "--max-new-tokens", str(NEW_TOKENS)]) == 0
+    # the schedule priced by vLLM's own step times: one engine per K in 0..2, each timing B = 1 and 6
+    assert main(["export-vllm", "--model", str(root / "target"), "--drafter", str(root / "head"), "--profile",
+                 str(profile), "--prompts", str(prompt_file), "--out", str(root / "export_engine"), "--max-k", "2",
+                 "--max-batch", "8", "--max-new-tokens", str(NEW_TOKENS), "--engine-costs", "measure",
+                 "--engine-batch-sizes", "1,6", "--vllm-python", str(python)]) == 0
     exported = json.loads((root / "export" / "speculative_config.json").read_text())
     job = {"model": str(root / "target"), "dtype": "float32", "prompts": [p.tolist() for p in prompts],
            "max_tokens": NEW_TOKENS, "max_model_len": 256, "runs": [
@@ -131,7 +141,8 @@ def world(tmp_path_factory):
     assert done.returncode == 0, f"vLLM run failed:\n{done.stderr[-4000:]}"
     runs = {run["name"]: run for run in json.loads((root / "result.json").read_text())["runs"]}
     return dict(root=root, model=model, target=target, prompts=prompts, runs=runs, exported=exported, log=log,
-                schedule=json.loads((root / "export" / "schedule.json").read_text()))
+                schedule=json.loads((root / "export" / "schedule.json").read_text()), profile=profile,
+                prompt_file=prompt_file)
 
 
 def test_vllm_greedy_equals_transformers(world):
@@ -196,3 +207,30 @@ def test_the_proposers_lengths_are_the_batch_controllers(world):
     assert len({tuple(step["share"]) for step in steps}) > 1, "the gates' routing never reached the controller"
     verified = world["runs"]["moe_spec proposer"]["spec"]["num_draft_tokens"]
     assert 0 < verified <= sum(sum(s["lengths"]) for s in steps)  # vLLM trims drafts past max_tokens, never adds
+
+
+def test_the_schedule_can_be_priced_by_vllms_own_step_costs(world, tmp_path):
+    """`--engine-costs measure` timed every K at every batch size in the engine, fitted the step price
+    to it (non-negative least squares), and chose each batch size's K under that price; the file it
+    wrote prices a later export the same way without starting vLLM."""
+    out = world["root"] / "export_engine"
+    costs = EngineCosts.from_dict(json.loads((out / "engine_costs.json").read_text()))
+    report = json.loads((out / "schedule.json").read_text())
+    assert report["priced_by"] == "vllm step costs"
+    measured = {(s.rows, s.length): s for s in costs.samples}
+    assert set(measured) == {(rows, k) for rows in (1, 6) for k in (0, 1, 2)}
+    for rows in (1, 6):  # unspeculated, every pass takes one step a token; speculating, fewer
+        assert measured[rows, 0].steps == (6 // rows) * EngineMeasure.max_tokens
+        assert all(measured[rows, k].steps < measured[rows, 0].steps for k in (1, 2))
+    profile = Profile.load(world["profile"], world["target"])
+    assert fit(profile, costs.samples).coefficients == pytest.approx(costs.coefficients)
+    reach = report["chain_acceptance"]["reach"]
+    expected = vllm_ranges(schedule(profile, reach, 8, costs.step_cost(profile)))
+    config = json.loads((out / "speculative_config.json").read_text())
+    assert config["num_speculative_tokens_per_batch_size"] == expected
+    again = tmp_path / "again"
+    assert main(["export-vllm", "--model", str(world["root"] / "target"), "--drafter", str(world["root"] / "head"),
+                 "--profile", str(world["profile"]), "--prompts", str(world["prompt_file"]), "--out", str(again),
+                 "--max-k", "2", "--max-batch", "8", "--max-new-tokens", str(NEW_TOKENS),
+                 "--engine-costs", str(out / "engine_costs.json")]) == 0
+    assert json.loads((again / "speculative_config.json").read_text())["num_speculative_tokens_per_batch_size"] == expected

@@ -8,12 +8,13 @@ through `PYTHONPATH`), which is why it imports nothing from moe_spec:
 JOB.json: {"model": folder, "dtype": "float32", "prompts": [[ids], ...], "max_tokens": N,
            "max_model_len": 512, "runs": [{"name": ..., "speculative_config": {...} or null,
            "batch_size": B (requests submitted together; default all), "repeats": R}, ...]}
+(a run may give "batch_sizes": [B, ...] instead: one engine decodes at each, one result per size)
 
 Each run starts one engine (`LLM`, in a process of its own, the engine core inside it:
 `VLLM_ENABLE_V1_MULTIPROCESSING=0` starts in a few seconds), decodes every prompt greedily for exactly `max_tokens` tokens (EOS ignored) in batches of
 `batch_size`, and records per prompt the new token ids, and for the run the spec-decode counters vLLM
 keeps (`vllm:spec_decode_num_drafts`, `..._num_draft_tokens`, `..._num_accepted_tokens`,
-`..._num_accepted_tokens_per_pos`) and the wall time of each repeat. Environment the engine needs on a
+`..._num_accepted_tokens_per_pos`), the wall time of each repeat and the engine steps a pass took. Environment the engine needs on a
 CPU: HF_HUB_OFFLINE=1, VLLM_CPU_KVCACHE_SPACE, VLLM_CPU_OMP_THREADS_BIND=nobind (set here if absent).
 """
 
@@ -65,6 +66,25 @@ def _accepted_per_step(completion) -> list[list[int]] | None:
     return [[int(d), int(a)] for d, a in zip(metrics.per_step_drafted, metrics.per_step_accepted)]
 
 
+def _decode(llm, prompts, params, batch: int, repeats: int):
+    """Every prompt decoded in batches of `batch`, `repeats` times: the last repeat's outputs and
+    per-step acceptances, each repeat's wall seconds, and the engine steps one pass took (per batch,
+    its longest request's: a prefill step and one step per verification, or one per token unspeculated)."""
+    seconds = []
+    for _ in range(repeats):
+        outputs, steps, engine_steps = [], [], 0
+        tick = time.perf_counter()
+        for first in range(0, len(prompts), batch):
+            done = llm.generate(prompts[first: first + batch], params, use_tqdm=False)
+            outputs.extend(list(o.outputs[0].token_ids) for o in done)
+            accepted = [_accepted_per_step(o.outputs[0]) for o in done]
+            steps.extend(accepted)
+            engine_steps += max(1 + len(a) if a is not None else len(o.outputs[0].token_ids)
+                                for a, o in zip(accepted, done))
+        seconds.append(time.perf_counter() - tick)
+    return outputs, steps, seconds, engine_steps
+
+
 def run_job(job: dict) -> dict:
     _environment()
     from vllm import LLM, SamplingParams, TokensPrompt
@@ -81,21 +101,17 @@ def run_job(job: dict) -> dict:
             kwargs.update(speculative_config=run["speculative_config"], per_request_spec_decode_metrics="detailed")
         llm = LLM(**kwargs)
         start_s = time.perf_counter() - started
-        batch = int(run.get("batch_size") or len(prompts))
         before = _counters(llm)
-        outputs, seconds, steps = [], [], []
-        for _ in range(int(run.get("repeats", 1))):
-            outputs, steps = [], []
-            tick = time.perf_counter()
-            for first in range(0, len(prompts), batch):
-                done = llm.generate(prompts[first: first + batch], params, use_tqdm=False)
-                outputs.extend(list(o.outputs[0].token_ids) for o in done)
-                steps.extend(_accepted_per_step(o.outputs[0]) for o in done)
-            seconds.append(time.perf_counter() - tick)
-        results.append({"name": run["name"], "outputs": outputs, "accepted_per_step": steps, "seconds": seconds,
-                        "engine_start_s": start_s,
-                        "batch_size": batch, "spec": _difference(_counters(llm), before),
-                        "speculative_config": run.get("speculative_config")})
+        sizes = run.get("batch_sizes") or [run.get("batch_size") or len(prompts)]
+        for size in sizes:  # several batch sizes share one engine (each a result of its own)
+            batch = int(size)
+            outputs, steps, seconds, engine_steps = _decode(llm, prompts, params, batch, int(run.get("repeats", 1)))
+            after = _counters(llm)
+            name = run["name"] if "batch_sizes" not in run else f"{run['name']}, B = {batch}"
+            results.append({"name": name, "outputs": outputs, "accepted_per_step": steps, "seconds": seconds,
+                            "engine_steps": engine_steps, "engine_start_s": start_s, "batch_size": batch,
+                            "spec": _difference(after, before), "speculative_config": run.get("speculative_config")})
+            before = after
     return {"runs": results}
 
 

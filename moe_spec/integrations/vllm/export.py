@@ -9,7 +9,8 @@
 The schedule is vLLM's `num_speculative_tokens_per_batch_size`: for each batch size B, the chain length
 K of most tokens per ms under this target's measured verify cost on this machine, the expert union that
 B x (K + 1) tokens load included (`moe_spec.policy.engine_schedule`), against the acceptance chains of
-this drafter reach on the given prompts (`moe_spec.measure.chain_reach`). A `lookup` drafter exports
+this drafter reach on the given prompts (`moe_spec.measure.chain_reach`). The step cost is the
+profile's, or vLLM's own (`step_costs`: measured by running the engine, OUT/engine_costs.json). A `lookup` drafter exports
 vLLM's own n-gram proposer (`method: ngram`) under the same schedule.
 """
 
@@ -17,7 +18,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
@@ -27,6 +28,7 @@ from moe_spec.drafters.eagle import EagleDrafter
 from moe_spec.drafters.head_layouts import save_head
 from moe_spec.drafters.lookup import LookupDrafter
 from moe_spec.errors import InputError
+from moe_spec.integrations.vllm.step_costs import EngineCosts, fit, measure
 from moe_spec.measure.chain_reach import ChainCounts, chain_counts
 from moe_spec.policy.batch_chains import share_from_union
 from moe_spec.policy.engine_schedule import schedule, vllm_ranges
@@ -47,26 +49,56 @@ def speculative_config(method: str, head: Path | None, ranges: list[list[int]], 
     return config
 
 
+@dataclass(frozen=True)
+class EngineMeasure:
+    """How to measure vLLM's own step costs for the schedule (`step_costs`): the target's folder, vLLM's
+    environment's python, the batch sizes to time and the tokens each prompt decodes."""
+
+    model: Path
+    vllm_python: Path
+    batch_sizes: tuple[int, ...] = (1, 4, 16)
+    max_tokens: int = 32
+    repeats: int = 2
+
+
 def export_for_vllm(target: TargetModel, drafter, profile: Profile, prompts: Sequence[torch.Tensor], out: Path,
-                    max_length: int = 5, max_rows: int = 256, max_new_tokens: int = 48, progress=None) -> dict:
-    """Measure the drafter's chain acceptance, choose K per batch size, write `out`; returns schedule.json's content."""
+                    max_length: int = 5, max_rows: int = 256, max_new_tokens: int = 48, progress=None,
+                    engine_costs: EngineCosts | None = None, measure_engine: EngineMeasure | None = None) -> dict:
+    """Measure the drafter's chain acceptance, choose K per batch size, write `out`; returns
+    schedule.json's content. Steps are priced by the profile, or by vLLM's own step costs: given
+    (`engine_costs`) or measured now with the exported drafter (`measure_engine`, written to
+    OUT/engine_costs.json)."""
     if not isinstance(drafter, (EagleDrafter, LookupDrafter)):
         raise InputError("export-vllm exports an EAGLE-3 head (a head folder or 'default') or 'lookup' "
                          f"(vLLM's n-gram proposer); got {type(drafter).__name__}")
     if not prompts:
         raise InputError("export-vllm needs prompts to measure how far chains get accepted")
     counts: ChainCounts = chain_counts(target, drafter, prompts, max_length, max_new_tokens, progress=progress)
-    choices = schedule(profile, counts.reach, max_rows)
-    ranges = vllm_ranges(choices)
     out.mkdir(parents=True, exist_ok=True)
     head = None
     if isinstance(drafter, EagleDrafter):
         head = out / "head"
         save_head(drafter.head, head, "speculators", dtype=drafter.head.dtype)
-    config = speculative_config("eagle3" if head is not None else "ngram", head, ranges, drafter)
+    method = "eagle3" if head is not None else "ngram"
+    if measure_engine is not None:
+        def fixed(length: int) -> dict:
+            config = speculative_config(method, head, [[1, 1, length]], drafter)
+            del config["num_speculative_tokens_per_batch_size"]
+            return config
+
+        steps = measure(measure_engine.model, fixed, [p.tolist() for p in prompts], range(max_length + 1),
+                        measure_engine.batch_sizes, measure_engine.max_tokens, measure_engine.vllm_python,
+                        measure_engine.repeats)
+        engine_costs = fit(profile, steps)
+        (out / "engine_costs.json").write_text(json.dumps(engine_costs.to_dict(), indent=2) + "\n")
+    choices = schedule(profile, counts.reach, max_rows, engine_costs.step_cost(profile) if engine_costs else None)
+    ranges = vllm_ranges(choices)
+    config = speculative_config(method, head, ranges, drafter)
     (out / "speculative_config.json").write_text(json.dumps(config, indent=2) + "\n")
     report = {
         "speculative_config": config,
+        "priced_by": "vllm step costs" if engine_costs is not None else "profile",
+        "engine_costs": engine_costs.to_dict() if engine_costs is not None else None,
         "chain_acceptance": {"steps": counts.steps, "accepted_per_position": list(counts.accepted_per_position),
                              "reach": [round(r, 4) for r in counts.reach], "prompts": len(prompts),
                              "max_new_tokens": max_new_tokens},
