@@ -4,7 +4,7 @@ measured when it decided a step, and by what other steps tell of it.
 The arms are fixed budgets (plain decoding, `static:N`) and the cost model's own per-step sizing.
 An arm's rate is its mean tokens a step over its mean ms a step (a step's rate swings with its
 accepted length, so an average of per-step rates would be dominated by the short steps). Its ms
-come from the last `window` steps it decided; its tokens from the last `2 window` steps that tell
+come from the last `window` steps it decided; its tokens from the last `window` steps that tell
 them: those it decided and those that *credit* it, where another arm's step tells exactly what this
 arm would have made (a greedy step of N nodes tells every smaller fixed budget's tokens,
 `moe_spec.policy.fewer_nodes`; any step tells plain decoding's: one a row). A step's time varies
@@ -45,22 +45,19 @@ class RegimeKey(NamedTuple):
 
 
 class RunningWindow:
-    """The last `size` values of one quantity, with running sums of them and their squares, so
-    that a step's choice costs O(arms), not O(steps) (it runs inside every step's plan)."""
+    """The last `size` values of one quantity, with their running sum, so that a step's choice
+    costs O(arms), not O(steps) (it runs inside every step's plan)."""
 
     def __init__(self, size: int):
         self.size = size
         self.values: deque = deque()
-        self._sum = self._squares = 0.0
+        self._sum = 0.0
 
     def add(self, value: float) -> None:
         self.values.append(value)
         self._sum += value
-        self._squares += value * value
         if len(self.values) > self.size:
-            old = self.values.popleft()
-            self._sum -= old
-            self._squares -= old * old
+            self._sum -= self.values.popleft()
 
     def __len__(self) -> int:
         return len(self.values)
@@ -69,26 +66,73 @@ class RunningWindow:
     def mean(self) -> float:
         return self._sum / len(self.values)
 
-    def relative_spread(self) -> float | None:
-        """The values' standard deviation over their mean (None before two values or at mean 0)."""
-        n = len(self.values)
-        if n < 2 or self._sum <= 0:
+
+class PairedWindow:
+    """The last `size` steps one arm decided, as (tokens, ms) pairs, with running sums."""
+
+    def __init__(self, size: int):
+        self.size = size
+        self.steps: deque = deque()
+        self._sums = [0.0] * 5  # sum t, ms, t^2, t ms, ms^2
+
+    def add(self, tokens: float, ms: float) -> None:
+        self.steps.append((tokens, ms))
+        self._move(tokens, ms, 1.0)
+        if len(self.steps) > self.size:
+            self._move(*self.steps.popleft(), -1.0)
+
+    def _move(self, t: float, ms: float, sign: float) -> None:
+        for k, term in enumerate((t, ms, t * t, t * ms, ms * ms)):
+            self._sums[k] += sign * term
+
+    def __len__(self) -> int:
+        return len(self.steps)
+
+    @property
+    def tokens(self) -> float:
+        return self._sums[0]
+
+    @property
+    def ms(self) -> float:
+        return self._sums[1]
+
+    @property
+    def mean_ms(self) -> float:
+        return self._sums[1] / len(self.steps)
+
+    def ratio_spread(self) -> float | None:
+        """The per-step standard deviation of the ratio estimator tokens / ms, relative to the
+        ratio (None before two steps): sqrt(sum (t - r ms)^2 / (n - 1)) / (r mean ms)."""
+        n = len(self.steps)
+        if n < 2:
             return None
-        mean = self._sum / n
-        return math.sqrt(max(self._squares / n - mean * mean, 0.0) * n / (n - 1)) / mean
+        tokens, ms, t2, tm, m2 = self._sums
+        rate = tokens / ms
+        spread = max(t2 - 2 * rate * tm + rate * rate * m2, 0.0) / (n - 1)
+        return math.sqrt(spread) / (rate * ms / n) if rate > 0 else None
+
+    def ms_spread(self) -> float | None:
+        """The steps' ms standard deviation over their mean (None before two steps)."""
+        n = len(self.steps)
+        if n < 2:
+            return None
+        ms, m2 = self._sums[1], self._sums[4]
+        mean = ms / n
+        return math.sqrt(max(m2 / n - mean * mean, 0.0) * n / (n - 1)) / mean
 
 
 class ArmWindow:
-    """One arm's evidence: the ms of the last `window` steps it decided, and the tokens of the last
-    `2 window` steps that tell its tokens (its own and those that credit it)."""
+    """One arm's evidence: the last `window` steps it decided (tokens and ms), and the tokens of the
+    last `window` steps that tell its tokens: its own, and those that credit it. Without credits
+    both hold the same steps, and the rate is their ratio of sums."""
 
     def __init__(self, window: int = 32):
-        self.ms_window = RunningWindow(window)
-        self.tokens_window = RunningWindow(2 * window)
+        self.own = PairedWindow(window)
+        self.tokens_window = RunningWindow(window)
 
     def add(self, tokens: float, ms: float) -> None:
         """A step the arm decided."""
-        self.ms_window.add(ms)
+        self.own.add(tokens, ms)
         self.tokens_window.add(tokens)
 
     def credit(self, tokens: float) -> None:
@@ -98,21 +142,23 @@ class ArmWindow:
     @property
     def plays(self) -> int:
         """Steps in the window that the arm decided."""
-        return len(self.ms_window)
+        return len(self.own)
 
     @property
     def rate(self) -> float:
         """Mean tokens a step over mean ms a step."""
-        return self.tokens_window.mean / self.ms_window.mean
+        return self.tokens_window.mean / self.own.mean_ms
 
 
 class BudgetBandit:
     """Sliding-window UCB over `arms` (names), per `RegimeKey`; see the module docstring.
 
     `exploration` (c) scales the confidence bonus: the index of arm a is
-    r_a + c r sqrt(log n (s_t^2 / t_a + s_m^2 / n_a)), with r the pooled rate of every arm's window,
-    s_t and s_m the pooled relative spreads of a step's tokens and of its ms, t_a the arm's
-    token evidence, n_a its plays and n the plays in all windows.
+    r_a + c r sqrt(log n ((s^2 - s_m^2) / t_a + s_m^2 / n_a)), with r the pooled rate of every arm's
+    own steps, s the pooled relative spread of the ratio estimator over them (what the rate's error
+    is per step decided, tokens and ms together), s_m that of a step's ms alone, t_a the steps that
+    told the arm's tokens, n_a its own plays and n the plays in all windows. Without credits
+    (t_a = n_a) the error is s^2 / n_a: a ratio of sums' own.
     """
 
     def __init__(self, arms: tuple[str, ...], exploration: float = 0.7, window: int = 32, min_plays: int = 3):
@@ -141,13 +187,15 @@ class BudgetBandit:
         # the bonus is on one scale for every arm (the pooled rate and spreads): a bonus relative
         # to an arm's own rate never lifted an arm whose first steps were unlucky back into play
         rate = self._pooled_rate(windows, candidates)
-        tokens_spread = self._pooled_spread([windows[arm].tokens_window for arm in candidates])
-        ms_spread = self._pooled_spread([windows[arm].ms_window for arm in candidates])
+        ratio_spread = self._pooled([(windows[arm].own.ratio_spread(), windows[arm].plays) for arm in candidates])
+        ms_spread = min(self._pooled([(windows[arm].own.ms_spread(), windows[arm].plays) for arm in candidates]),
+                        ratio_spread)
+        tokens_part = ratio_spread ** 2 - ms_spread ** 2  # the part of the error that credits shrink
         log_term = math.log(max(total, 2))
 
         def index(arm: str) -> float:
             window = windows[arm]
-            error = tokens_spread ** 2 / len(window.tokens_window) + ms_spread ** 2 / window.plays
+            error = tokens_part / len(window.tokens_window) + ms_spread ** 2 / window.plays
             return window.rate + self.exploration * rate * math.sqrt(log_term * error)
 
         return max(candidates, key=index)
@@ -155,19 +203,17 @@ class BudgetBandit:
     @staticmethod
     def _pooled_rate(windows: dict[str, ArmWindow], arms: list[str]) -> float:
         """Tokens per ms over every arm's own steps together."""
-        tokens = sum(windows[arm].tokens_window.mean * windows[arm].plays for arm in arms)
-        return tokens / sum(windows[arm].ms_window.mean * windows[arm].plays for arm in arms)
+        return sum(windows[arm].own.tokens for arm in arms) / sum(windows[arm].own.ms for arm in arms)
 
     @staticmethod
-    def _pooled_spread(runs: list[RunningWindow]) -> float:
-        """The length-weighted mean of the windows' relative spreads (1.0 before any has two values)."""
-        weighted = count = 0.0
-        for run in runs:
-            spread = run.relative_spread()
+    def _pooled(spreads: list[tuple[float | None, int]]) -> float:
+        """The plays-weighted mean of the arms' spreads (1.0 before any arm has two steps)."""
+        weighted = plays = 0.0
+        for spread, count in spreads:
             if spread is not None:
-                weighted += spread * len(run)
-                count += len(run)
-        return weighted / count if count else 1.0
+                weighted += spread * count
+                plays += count
+        return weighted / plays if plays else 1.0
 
     def record(self, key: RegimeKey, arm: str, tokens: float, ms: float,
                credits: dict[str, float] | None = None) -> None:
