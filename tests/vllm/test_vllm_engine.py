@@ -219,9 +219,10 @@ def test_the_schedule_can_be_priced_by_vllms_own_step_costs(world, tmp_path):
     assert report["priced_by"] == "vllm step costs"
     measured = {(s.rows, s.length): s for s in costs.samples}
     assert set(measured) == {(rows, k) for rows in (1, 6) for k in (0, 1, 2)}
-    for rows in (1, 6):  # unspeculated, every pass takes one step a token; speculating, fewer
+    for rows in (1, 6):  # unspeculated, every pass takes one step a token; speculating, no more
         assert measured[rows, 0].steps == (6 // rows) * EngineMeasure.max_tokens
-        assert all(measured[rows, k].steps < measured[rows, 0].steps for k in (1, 2))
+        assert all(measured[rows, k].steps <= measured[rows, 0].steps for k in (1, 2))
+    assert all(measured[1, k].steps < measured[1, 0].steps for k in (1, 2)), "no draft accepted in 6 requests"
     profile = Profile.load(world["profile"], world["target"])
     assert fit(profile, costs.samples).coefficients == pytest.approx(costs.coefficients)
     reach = report["chain_acceptance"]["reach"]
