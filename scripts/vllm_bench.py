@@ -17,15 +17,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import subprocess
 import sys
-import tempfile
 from pathlib import Path
+
+from moe_spec.integrations.vllm.engine_run import launch
 
 ROOT = Path(__file__).resolve().parents[1]
 VLLM_PYTHON = ROOT / ".venv-vllm" / "bin" / "python"
-ENGINE_RUN = ROOT / "moe_spec" / "integrations" / "vllm" / "engine_run.py"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -61,15 +59,11 @@ def main(argv: list[str] | None = None) -> int:
                          "speculative_config": config})
     job = {"model": args.model, "dtype": "float32", "prompts": prompts, "max_tokens": args.max_tokens,
            "max_model_len": max(len(p) for p in prompts) + args.max_tokens + 8, "runs": runs}
-    with tempfile.TemporaryDirectory() as work:
-        job_file, result_file = Path(work) / "job.json", Path(work) / "result.json"
-        job_file.write_text(json.dumps(job))
-        done = subprocess.run([str(VLLM_PYTHON), str(ENGINE_RUN), str(job_file), str(result_file)],
-                              env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True)
-        if done.returncode != 0:
-            print(done.stderr[-4000:], file=sys.stderr)
-            return 1
-        result = json.loads(result_file.read_text())
+    try:
+        result = launch(job, str(VLLM_PYTHON), str(ROOT))
+    except RuntimeError as error:
+        print(error, file=sys.stderr)
+        return 1
     rows = []
     print(f"{'configuration':<28} {'tok/s':>8} {'vs none':>8} {'K drafted':>9} {'accepted/draft':>14}  per position")
     plain = {}

@@ -146,9 +146,9 @@ def grow_rows(values: list[float], parents: list[int], depths: list[int], row_of
     order: list[int] = []
     values_seen, verify_seen, draft_seen = [value], [verify], [draft]
     best_rate = rate = value / max(verify, 1e-9)
-    best_size, stale, left = 0, 0, n - len(roots)
+    best_size, stale = 0, 0
     max_depth, deepest_priced, deeper_at = max(depths), -1, []  # deeper_at[d]: a node at depth d's draft price past `deepest`
-    while len(order) < limit and stale < patience and left:
+    while len(order) < limit and stale < patience:
         if deepest != deepest_priced:
             fixed = draft_fixed_ms if deepest == 0 else 0.0
             deeper_at = [depth_ms * max(d - deepest, 0) + fixed for d in range(max_depth + 1)]
@@ -167,13 +167,12 @@ def grow_rows(values: list[float], parents: list[int], depths: list[int], row_of
             ratio = value_of / (marginal if marginal > 1e-9 else 1e-9)
             if pick < 0 or ratio > pick_ratio or (ratio == pick_ratio and node < pick):
                 pick, pick_ratio, pick_fills = node, ratio, fills
-        if pick < 0:
+        if pick < 0:  # an empty frontier, or no node in it eligible
             break
         if not pick_fills:
             width += 1
             verify += widen_ms
         verify += pricer.take(pick)
-        left -= 1
         sizes[row_of[pick]] += 1
         deepest = max(deepest, depths[pick])
         draft = draft_fixed_ms + depth_ms * deepest

@@ -150,15 +150,12 @@ class _ExpertPrices:
 
 class ProbabilityPricer:
     """`row_growth.ExpertPricer` of routing probabilities (and residency, offloaded experts), on
-    `_ExpertPrices`; without experts priced (`experts` None), every node's experts are free."""
+    `_ExpertPrices`."""
 
-    def __init__(self, experts: _ExpertPrices | None, cost: CostModel, rows: int):
+    def __init__(self, experts: _ExpertPrices, cost: CostModel, rows: int):
         self.experts = experts
         self.frontier_nodes: dict[int, None] = {}  # in the order they entered
-        if experts is not None:
-            self._roots_ms = cost.predict_ms(rows, experts.expected_unique(), rows=rows, misses=experts.expected_misses())
-        else:
-            self._roots_ms = cost.fixed_ms(rows) + cost.per_token_ms * rows
+        self._roots_ms = cost.predict_ms(rows, experts.expected_unique(), rows=rows, misses=experts.expected_misses())
 
     def roots_pass_ms(self) -> float:
         return self._roots_ms
@@ -167,15 +164,11 @@ class ProbabilityPricer:
         self.frontier_nodes[node] = None
 
     def frontier(self):
-        if self.experts is None:
-            return ((node, 0.0) for node in self.frontier_nodes)
         prices = self.experts.node_ms.tolist()  # one conversion per pick, not one per node
         return ((node, prices[node]) for node in self.frontier_nodes)
 
     def take(self, node: int) -> float:
         del self.frontier_nodes[node]
-        if self.experts is None:
-            return 0.0
         ms = float(self.experts.node_ms[node])
         self.experts.choose(node)
         return ms
@@ -321,12 +314,15 @@ def _set_pricer(forest: StepForest, prices: list[StepPrices], cost: CostModel) -
 
 
 def _probability_pricer(forest: StepForest, prices: list[StepPrices], cost: CostModel,
-                        residency: torch.Tensor | None) -> ProbabilityPricer:
+                        residency: torch.Tensor | None) -> ProbabilityPricer | SetPricer:
+    """Routing probabilities (and residency) priced in numpy; where some row's experts are not
+    priced, none are (a `SetPricer` of no routing)."""
     if any(p.expert_probs is None and p.expert_sets is not None for p in prices):
         raise ValueError("expert_sets stand in for expert_probs in growth without residency only; "
                          "pass expert_probs with residency")
-    priced = cost.num_layers > 0 and all(p.expert_probs is not None for p in prices)
-    return ProbabilityPricer(_ExpertPrices(forest, prices, cost, residency) if priced else None, cost, forest.rows)
+    if cost.num_layers > 0 and all(p.expert_probs is not None for p in prices):
+        return ProbabilityPricer(_ExpertPrices(forest, prices, cost, residency), cost, forest.rows)
+    return SetPricer(None, [], 0, list(forest.row_starts[:-1]), cost.fixed_ms(forest.rows), cost.per_token_ms)
 
 
 def best_prefix_by_score(tree: DraftTree, values: torch.Tensor, verify_ms_for_tokens, draft_ms: float) -> list[int]:

@@ -24,6 +24,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import time
 
 SPEC_COUNTERS = ("vllm:spec_decode_num_drafts", "vllm:spec_decode_num_draft_tokens",
@@ -113,6 +114,23 @@ def run_job(job: dict) -> dict:
                             "spec": _difference(after, before), "speculative_config": run.get("speculative_config")})
             before = after
     return {"runs": results}
+
+
+def launch(job: dict, python: str, pythonpath: str, env: dict | None = None, timeout: float | None = None) -> dict:
+    """Run `job` from moe_spec's side: this script under vLLM's environment's `python`, moe_spec
+    importable through `pythonpath`, `env` added to the environment; returns the result document.
+    Raises RuntimeError with the end of vLLM's stderr when a run fails."""
+    with tempfile.TemporaryDirectory() as work:
+        job_file, result_file = os.path.join(work, "job.json"), os.path.join(work, "result.json")
+        with open(job_file, "w") as file:
+            json.dump(job, file)
+        done = subprocess.run([python, os.path.abspath(__file__), job_file, result_file],
+                              env={**os.environ, "PYTHONPATH": pythonpath, **(env or {})},
+                              capture_output=True, text=True, timeout=timeout)
+        if done.returncode != 0:
+            raise RuntimeError(f"vLLM failed to run (exit {done.returncode}): {done.stderr[-4000:]}")
+        with open(result_file) as file:
+            return json.load(file)
 
 
 def main(argv: list[str]) -> int:

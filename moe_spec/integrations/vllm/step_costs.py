@@ -19,9 +19,6 @@ batch size the schedule covers, measured or not.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import tempfile
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -29,10 +26,10 @@ from pathlib import Path
 import numpy as np
 
 from moe_spec.errors import InputError
+from moe_spec.integrations.vllm.engine_run import launch
 from moe_spec.policy.engine_schedule import StepCost, union_experts
 from moe_spec.profile.artifact import Profile
 
-ENGINE_RUN = Path(__file__).with_name("engine_run.py")
 TERMS = ("fixed_ms", "per_token_ms", "per_expert_ms", "draft_per_depth_ms", "draft_per_token_ms")
 
 
@@ -122,14 +119,10 @@ def measure(model: Path, speculative_config_for, prompts: Sequence[Sequence[int]
              "speculative_config": speculative_config_for(k) if k else None} for k in lengths]
     job = {"model": str(model), "dtype": "float32", "prompts": [list(map(int, p)) for p in prompts],
            "max_tokens": max_tokens, "max_model_len": max(len(p) for p in prompts) + max_tokens + 16, "runs": runs}
-    with tempfile.TemporaryDirectory() as work:
-        job_file, result_file = Path(work) / "job.json", Path(work) / "result.json"
-        job_file.write_text(json.dumps(job))
-        root = str(Path(__file__).resolve().parents[3])  # moe_spec importable there (a proposer imports it)
-        done = subprocess.run([str(vllm_python), str(ENGINE_RUN), str(job_file), str(result_file)],
-                              env={**os.environ, "PYTHONPATH": root}, capture_output=True, text=True)
-        if done.returncode != 0:
-            raise InputError(f"vLLM failed to run (exit {done.returncode}): {done.stderr[-2000:]}")
-        results = json.loads(result_file.read_text())["runs"]
+    root = str(Path(__file__).resolve().parents[3])  # moe_spec importable there (a proposer imports it)
+    try:
+        results = launch(job, str(vllm_python), root)["runs"]
+    except RuntimeError as error:
+        raise InputError(str(error)) from None
     per_engine = len(batch_sizes)
     return [steps_of(result, lengths[index // per_engine]) for index, result in enumerate(results)]
