@@ -16,6 +16,7 @@ import sys
 import torch
 
 from moe_spec.cli.defaults import field_defaults
+from moe_spec.errors import InputError
 from moe_spec.cli.option_types import non_negative_int, positive_float, positive_int, seed
 from moe_spec.training.train_draft import DraftTrainSettings, load_target, text_data, train_draft
 
@@ -44,6 +45,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--ttt-steps", type=positive_int, default=DEFAULTS["ttt_steps"], help="passes of the training-time test")
     parser.add_argument("--head-intermediate", type=non_negative_int, default=DEFAULTS["head_intermediate"],
                         help="the head's MLP width (0: 4 x hidden)")
+    parser.add_argument("--init", default=None, metavar="HEAD_FOLDER",
+                        help="--kind eagle3: train further from this head (any layout: speculators, EAGLE, SpecForge, "
+                             "AngelSlim), keeping its vocabulary and feature layers; e.g. a published head fine-tuned "
+                             "on your own text with --prompts")
+    parser.add_argument("--lr", type=positive_float, default=DEFAULTS["lr"], help="peak learning rate (cosine schedule)")
     parser.add_argument("--aux-layers", type=_layer_ids, default=None,
                         help="the target hidden states the head fuses, e.g. 2,4,7 (default: EAGLE's 2, N//2, N-3)")
 
@@ -62,11 +68,13 @@ def settings_from_args(args: argparse.Namespace) -> DraftTrainSettings:
     return DraftTrainSettings(
         out=args.out, minutes=args.minutes, steps=args.steps, seed=args.seed, draft_vocab=args.draft_vocab,
         batch_size=args.batch_size, ttt_steps=args.ttt_steps, head_intermediate=args.head_intermediate,
-        aux_layers=args.aux_layers,
+        aux_layers=args.aux_layers, init=args.init, lr=args.lr,
     )
 
 
 def run(args: argparse.Namespace) -> dict:
+    if args.init is not None and args.kind != "eagle3":
+        raise InputError(f"--init trains an EAGLE-3 head further; --kind {args.kind} starts from scratch")
     torch.set_num_threads(args.threads)
     settings = settings_from_args(args)
     target, tokenizer = load_target(args.target)

@@ -9,11 +9,17 @@ each step is decided by the arm of highest upper confidence bound on its measure
 sizing decides as long as it measures at least as well as the best of them; the plain arm replaces
 the sizing's own pause-and-probe gate.
 
-Only the step's own time is measured (draft + plan + verify + acceptance), the tokens as the sizing
-counts them (a sampled chain's expected tokens given its draws, else the tokens made). A step also
-credits the arms whose tokens it tells exactly: plain decoding's (one a row) after every step, and
-after a fixed budget's greedy step every smaller budget's (`fewer_nodes`), so exploring the larger
-budget measures the smaller ones' acceptance on the same steps. The sizing's
+The fixed budgets take the shape their method gives the request's candidates: EAGLE-2's depth and
+branching (`static:N`) for top candidates, a chain (`chain:N`) for sampled ones, whose sampled
+trees with siblings accept little more than the chain's first node (offloaded, T = 1: `static:4`
+1.84 tokens a step against 1.53 for one node) and tell nothing of smaller ones (`fewer_nodes`).
+
+Only the step's own time is measured (draft + plan + verify + acceptance). Its tokens are what it
+makes on average given its drafts (`fewer_nodes`: exact, without the luck of sampled acceptance
+draws; under greedy decoding the tokens made). A step also credits the arms whose tokens it tells:
+plain decoding's (one a row) after every step, and every smaller fixed budget's after a fixed
+budget's step or a sized chain, so exploring the larger budget measures the smaller ones'
+acceptance on the same steps. The sizing's
 own steps and plain ones teach its online corrections (machine speed, acceptance per depth); a
 fixed arm's step is not learnt from (predicting its pass afresh cost more than its whole plan).
 """
@@ -28,6 +34,7 @@ from moe_spec.core.forest import StepForest
 from moe_spec.core.sampling import GREEDY, SamplingConfig
 from moe_spec.core.step_record import StepRecord
 from moe_spec.policy.budget_bandit import BudgetBandit, RegimeKey
+from moe_spec.policy.candidate_scheme import drawn
 from moe_spec.policy.fewer_nodes import tokens_with_fewer_nodes
 from moe_spec.policy.moe_aware import MoeAwareController
 from moe_spec.policy.static import StaticController
@@ -36,9 +43,9 @@ SIZED = "sized"  # the arm of the cost model's per-step sizing
 PLAIN = "plain"  # the arm of plain decoding
 # fixed budgets beside the sizing, tried in this order before any is judged: the best fixed trees
 # measured on this project's pairs sit at 1-4 nodes (offloaded, sampled) and 3-6 (greedy, eager,
-# batches); plain decoding last. Each arm costs the steps that measure it, but under greedy
-# decoding a larger budget's steps tell the smaller ones' tokens (`fewer_nodes`), so a smaller
-# budget needs only a few steps of its own (to time it)
+# batches); plain decoding last. Each arm costs the steps that measure it, but a larger budget's
+# steps tell the smaller ones' tokens (`fewer_nodes`), so a smaller budget needs only a step of its
+# own (to time it) before it is judged
 FIXED_ARMS = (4, 2, 1, 6, 3)
 
 
@@ -52,14 +59,16 @@ class BoundedController:
             raise ValueError("the sizing's own gate must be off: the bandit's plain arm decides plain steps")
         self.sizing = sizing
         self.name = sizing.name
-        self._static: dict[str, StaticController] = {
-            f"static:{n}": StaticController(EAGLE2_BUDGET.with_nodes(n), sizing.scheme, lambda: sizing.profile)
-            for n in fixed}
-        self.bandit = bandit or BudgetBandit((SIZED, *self._static, PLAIN))
-        unknown = set(self.bandit.arms) - {SIZED, PLAIN, *self._static}
+        profile = lambda: sizing.profile  # noqa: E731
+        trees = {f"static:{n}": StaticController(EAGLE2_BUDGET.with_nodes(n), sizing.scheme, profile) for n in fixed}
+        chains = {f"chain:{n}": StaticController(TreeBudget(n, n, 1), sizing.scheme, profile) for n in fixed}
+        self._shapes = {False: trees, True: chains}  # sampled candidates -> the fixed budgets' methods
+        self._static = trees  # the request's, set by `begin`
+        self.bandit = bandit or BudgetBandit((SIZED, *trees, *chains, PLAIN))
+        unknown = set(self.bandit.arms) - {SIZED, PLAIN, *trees, *chains}
         if unknown:
             raise ValueError(f"the bandit's arms {sorted(unknown)} are none of {SIZED!r}, {PLAIN!r} or the fixed budgets")
-        self._budgets: dict[str, TreeBudget] = {**{name: static.budget for name, static in self._static.items()},
+        self._budgets: dict[str, TreeBudget] = {**{name: static.budget for name, static in trees.items()},
                                                 PLAIN: NO_DRAFT}  # until `begin` gives them the request's scheme
         self._sampling: SamplingConfig = GREEDY
         self._rows = 1
@@ -74,6 +83,9 @@ class BoundedController:
         self._rows = 1
         self._steps = 0
         sized = self.sizing.begin(default, sampling)
+        trees = self._shapes[False]
+        sampled = any(static.begin(default, sampling).sampled for static in trees.values())
+        self._static = self._shapes[sampled]
         budgets = {name: static.begin(default, sampling) for name, static in self._static.items()}
         self._budgets = {**budgets, PLAIN: NO_DRAFT}
         self._arm = self._choose()
@@ -105,24 +117,37 @@ class BoundedController:
         # request look worst and the choice rotate among the fixed budgets
         if self._steps > self.settle_steps:
             ms = record.draft_ms + record.plan_ms + record.verify_ms + record.accept_ms
-            self.bandit.record(self._key(record.verified.rows), self._arm, self.sizing.tokens_expected(record), ms,
+            self.bandit.record(self._key(record.verified.rows), self._arm, self._tokens(record), ms,
                                credits=self._credits(record))
         self._arm = self._next_arm
 
+    def _tokens(self, record: StepRecord) -> float:
+        """The step's tokens on average given its drafts (`fewer_nodes`), else as the sizing counts them."""
+        if record.sampling.greedy:
+            return float(record.tokens_produced)
+        expected = tokens_with_fewer_nodes(record)
+        return expected if expected is not None else self.sizing.tokens_expected(record)
+
     def _credits(self, record: StepRecord) -> dict[str, float]:
-        """What the other arms would have made on this step, where the record tells it exactly:
-        plain decoding one token a row; after a fixed budget's greedy step, every smaller one's
-        tokens (`fewer_nodes`)."""
+        """What the other arms would have made on this step, where the record tells it: plain
+        decoding one token a row; after a fixed budget's step or a sized chain, every smaller fixed
+        budget's tokens (`fewer_nodes`; the sizing's trees are not a fixed budget's superset)."""
         credits = {PLAIN: float(record.batch)}
-        if self._arm in self._static and record.sampling.greedy:
+        if self._arm in self._static:
             played = self._static[self._arm].budget.max_nodes
-            for name, static in self._static.items():
-                if static.budget.max_nodes < played:
-                    credits[name] = tokens_with_fewer_nodes(record, static.budget.max_nodes)
+        elif self._arm == SIZED and drawn(record.verified):
+            played = min(tree.num_drafted for tree in record.verified)
+        else:
+            return credits
+        for name, static in self._static.items():
+            if static.budget.max_nodes < played:
+                told = tokens_with_fewer_nodes(record, static.budget.max_nodes)
+                if told is not None:
+                    credits[name] = told
         return credits
 
     def _choose(self) -> str:
-        return self.bandit.choose(self._key(self._rows))
+        return self.bandit.choose(self._key(self._rows), allowed=(SIZED, *self._static, PLAIN))
 
     def _key(self, rows: int) -> RegimeKey:
         return RegimeKey.of(self._sampling, rows)

@@ -36,6 +36,7 @@ from tqdm import tqdm
 
 from moe_spec.drafters.eagle_config import config_for_target
 from moe_spec.drafters.eagle_head import EagleHead
+from moe_spec.drafters.head_layouts import load_head
 from moe_spec.core.target import TargetModel
 
 META_FILE = "moe_spec_meta.json"
@@ -62,6 +63,7 @@ class DraftTrainSettings:
     vocab_batches: int = 4  # target continuations counted into the draft vocabulary
     eval_batches: int = 4
     calibration_steps: int = 5
+    init: str | None = None  # a head folder (any layout) to start from: its weights, vocabulary and feature layers
 
     def __post_init__(self):
         if self.steps is not None and self.steps < 1:
@@ -70,6 +72,8 @@ class DraftTrainSettings:
             raise ValueError(f"invalid settings {self}")
         if not 0.0 <= self.sampled_share <= 1.0:
             raise ValueError("sampled_share must be in [0, 1]")
+        if not self.lr > 0:
+            raise ValueError(f"lr must be positive, got {self.lr}")
 
 
 @dataclass(frozen=True)
@@ -211,7 +215,10 @@ def train_draft(target: TargetModel, data: TokenData, settings: DraftTrainSettin
     """
     accelerator = Accelerator()
     target.model.eval().requires_grad_(False)
-    if settings.aux_layers is not None:
+    start_head = _starting_head(target, settings)
+    if start_head is not None:
+        target.feature_layers = start_head.config.feature_layers_for(target.num_layers)
+    elif settings.aux_layers is not None:
         if max(settings.aux_layers) > target.num_layers:
             raise ValueError(f"aux_layers {list(settings.aux_layers)}: the target has hidden states 0..{target.num_layers}")
         target.feature_layers = tuple(sorted(settings.aux_layers))
@@ -222,9 +229,12 @@ def train_draft(target: TargetModel, data: TokenData, settings: DraftTrainSettin
     with torch.random.fork_rng():
         torch.manual_seed(settings.seed)
         # 1) the draft vocabulary; 2) a fresh head and its optimizer; 3) the steps
-        d2t = _draft_vocabulary(target, data, batches, settings, accelerator)
-        head = EagleHead(config_for_target(target, draft_vocab_size=d2t.numel(),
-                                           intermediate_size=settings.head_intermediate), d2t).train()
+        if start_head is None:
+            d2t = _draft_vocabulary(target, data, batches, settings, accelerator)
+            head = EagleHead(config_for_target(target, draft_vocab_size=d2t.numel(),
+                                               intermediate_size=settings.head_intermediate), d2t).train()
+        else:
+            head = start_head.train()
         step_module = DistillLoss(head, settings.ttt_steps, settings.ttt_decay)
         optimizer = torch.optim.AdamW(head.parameters(), lr=settings.lr, betas=(0.9, 0.95), weight_decay=0.0)
         step_module, optimizer = accelerator.prepare(step_module, optimizer)
@@ -258,6 +268,21 @@ def train_draft(target: TargetModel, data: TokenData, settings: DraftTrainSettin
     return meta
 
 
+def _starting_head(target: TargetModel, settings: DraftTrainSettings) -> EagleHead | None:
+    """`settings.init`'s head in fp32, checked against the target and the settings it overrides."""
+    if settings.init is None:
+        return None
+    head = load_head(settings.init, dtype=torch.float32)
+    head.check_fits(target)
+    layers = head.config.feature_layers_for(target.num_layers)
+    if settings.aux_layers is not None and tuple(sorted(settings.aux_layers)) != tuple(layers):
+        raise ValueError(f"aux_layers {list(settings.aux_layers)}: the head in init {settings.init} fuses "
+                         f"{list(layers)}; a head keeps its feature layers when trained further")
+    if head.embed_tokens is not None:
+        head.embed_tokens.requires_grad_(False)
+    return head
+
+
 def _draft_vocabulary(target: TargetModel, data: TokenData, batches: "_Batches", settings: DraftTrainSettings,
                       accelerator: Accelerator) -> torch.Tensor:
     """[V_draft] target ids from corpus counts and the target's own first continuations (kept as
@@ -273,7 +298,8 @@ def _draft_vocabulary(target: TargetModel, data: TokenData, batches: "_Batches",
 def _train_steps(step_module, optimizer, target: TargetModel, batches: "_Batches", settings: DraftTrainSettings,
                  accelerator: Accelerator, start: float) -> _TrainedSteps:
     """`settings.steps` steps, or as many as the minute budget (counted from `start`) allows."""
-    embed = target.model.get_input_embeddings()
+    # the head's own embedding where its file has one (frozen, as published), else the target's
+    embed = accelerator.unwrap_model(step_module).head.embedding(target.model.get_input_embeddings())
     device = accelerator.device
     total_steps = settings.steps
     bar = tqdm(total=total_steps, desc="train-draft", mininterval=10, file=sys.stderr,
@@ -324,7 +350,7 @@ def evaluate(head: EagleHead, target: TargetModel, heldout: torch.Tensor, settin
     for i in range(settings.eval_batches):
         sequences = batches(10**6 + i)
         features, target_logits = target_pass(target, sequences)
-        embeds = target.model.get_input_embeddings()(sequences.to(target.device)).float()
+        embeds = head.embedding(target.model.get_input_embeddings())(sequences.to(target.device)).float()
         device = head.draft_to_target.device
         agreement.append(loss_module(features.to(device), embeds.to(device), target_logits.to(device))[2].cpu())
         target_top_covered.append(in_vocab[target_logits.argmax(-1).cpu()].float().mean())

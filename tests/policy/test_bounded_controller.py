@@ -155,3 +155,81 @@ def test_credited_tokens_enter_the_rate_without_counting_as_plays():
     windows = bandit.windows(ONE_ROW)
     assert windows["small"].plays == 1 and len(windows["small"].tokens_window) == 4
     assert windows["small"].rate == pytest.approx(2.0 / 5.0) and windows["big"].rate == pytest.approx(0.4)
+
+
+def _sampled_sizing(target, profile) -> MoeAwareController:
+    from moe_spec.policy.candidate_scheme import CandidateScheme
+
+    return MoeAwareController(profile, gate=False, scheme=CandidateScheme.SAMPLED)
+
+
+def test_with_sampled_candidates_the_fixed_arms_are_chains_decoding_as_their_method():
+    from moe_spec.core.drafting import TreeBudget
+    from moe_spec.drafters.eagle import EagleDrafter
+    from moe_spec.policy.candidate_scheme import CandidateScheme
+    from moe_spec.testing.helpers import random_eagle_head
+
+    _, target, profile = _profiled("qwen3_moe")
+    head = random_eagle_head(target)
+    bounded = BoundedController(_sampled_sizing(target, profile), fixed=(3,), bandit=BudgetBandit(("chain:3",)))
+    chain = StaticController(TreeBudget(3, 3, 1), CandidateScheme.SAMPLED)
+    runs = []
+    for controller in (bounded, chain):
+        decoder = SpecDecoder(target, drafter=EagleDrafter(head, target), controller=controller)
+        runs.append(decoder.generate(torch.tensor([PLAIN_PROMPT]), max_new_tokens=16, temperature=1.0,
+                                     generator=torch.Generator().manual_seed(3)))
+    assert torch.equal(runs[0].sequences, runs[1].sequences)
+    assert [s.tree_size for s in runs[0].stats.steps] == [s.tree_size for s in runs[1].stats.steps]
+    assert max(s.tree_size for s in runs[0].stats.steps) == 3
+    with pytest.raises(ValueError, match="allowed"):  # a bandit of trees alone has no arm for sampled candidates
+        BoundedController(_sampled_sizing(target, profile), fixed=(3,), bandit=BudgetBandit(("static:3",))).begin(
+            EAGLE2_BUDGET, SamplingConfig(1.0))
+
+
+def test_sampled_steps_credit_the_shorter_chains_with_their_expected_tokens():
+    from moe_spec.drafters.eagle import EagleDrafter
+    from moe_spec.testing.helpers import random_eagle_head
+
+    _, target, profile = _profiled("qwen3_moe")
+    controller = BoundedController(_sampled_sizing(target, profile))
+    decoder = SpecDecoder(target, drafter=EagleDrafter(random_eagle_head(target), target), controller=controller)
+    for seed in range(3):
+        decoder.generate(torch.tensor([PLAIN_PROMPT]), max_new_tokens=24, temperature=1.0,
+                         generator=torch.Generator().manual_seed(seed))
+    assert set(controller.decisions) <= {SIZED, PLAIN, "chain:1", "chain:2", "chain:3", "chain:4", "chain:6"}
+    windows = controller.bandit.windows(RegimeKey.of(SamplingConfig(1.0), 1))
+    chain1 = windows["chain:1"]
+    assert len(chain1.tokens_window) > chain1.plays, "longer chains' steps told chain:1's tokens"
+    assert all(1.0 <= tokens <= 2.0 for tokens in chain1.tokens_window.values)
+    assert any(tokens != round(tokens) for tokens in chain1.tokens_window.values), "expected, not drawn, tokens"
+
+
+def test_bounded_moe_aware_keeps_the_target_distribution_with_sampled_chains():
+    from moe_spec.core.target import TargetModel
+    from moe_spec.drafters.eagle import EagleDrafter
+    from moe_spec.drafters.eagle_config import config_for_target
+    from moe_spec.drafters.eagle_head import EagleHead
+    from moe_spec.measure.profiler import build_profile
+    from moe_spec.testing.helpers import assert_follows, exact_distribution_of_tokens_2_and_3
+    from moe_spec.testing.tiny_models import tiny_model
+
+    from tests.policy.test_controllers import QUICK
+
+    vocab, prompt = 6, [1, 4, 2, 5]
+    model = tiny_model("qwen3_moe", vocab_size=vocab, seed=4)
+    target = TargetModel(model)
+    profile = build_profile(target, LookupDrafter(), [torch.tensor(prompt * 4), torch.tensor(prompt[::-1] * 4)], QUICK)
+    torch.manual_seed(0)
+    head = EagleHead(config_for_target(target, draft_vocab_size=vocab), torch.randperm(vocab)).eval()
+    controller = BoundedController(_sampled_sizing(target, profile))
+    controller.settle_steps = 0  # requests of one or two steps: judge them all, so every arm decides
+    decoder = SpecDecoder(target, drafter=EagleDrafter(head, target), controller=controller)
+    generator = torch.Generator().manual_seed(11)
+    counts = torch.zeros(vocab, vocab)
+    for _ in range(1500):
+        result = decoder.generate(torch.tensor([prompt]), max_new_tokens=4, temperature=1.0, eos_token_id=[],
+                                  generator=generator)
+        _x1, x2, x3, _x4 = result.sequences[0, len(prompt):].tolist()
+        counts[x2, x3] += 1
+    assert sum(n for arm, n in controller.decisions.items() if arm.startswith("chain:")) > 100, controller.decisions
+    assert_follows(counts, exact_distribution_of_tokens_2_and_3(model, prompt, vocab, SamplingConfig(1.0)))

@@ -109,3 +109,33 @@ def test_training_leaves_the_callers_global_rng_and_threads_alone(tmp_path):
     train_draft.train_draft(target, _data(), _settings(tmp_path, steps=1))
     assert torch.equal(torch.get_rng_state(), before)
     assert torch.get_num_threads() == threads
+
+
+def test_training_further_starts_from_a_head_in_any_layout_and_keeps_its_vocabulary(tmp_path):
+    from moe_spec.drafters.head_layouts import load_head, save_head
+
+    target = TargetModel(tiny_model("qwen3_moe"))
+    fresh = train_draft.train_draft(target, _data(), _settings(tmp_path / "fresh", steps=40))
+    save_head(load_head(tmp_path / "fresh"), tmp_path / "eagle", "eagle", dtype=torch.float32)
+    further = train_draft.train_draft(target, _data(1), _settings(tmp_path / "further", steps=2, init=str(tmp_path / "eagle")))
+    # its first step is the trained head's, well below a fresh head's first step
+    assert all(a < b - 0.1 for a, b in zip(further["first_train_loss_per_pass"], fresh["first_train_loss_per_pass"]))
+    start, end = load_head(tmp_path / "fresh"), load_head(tmp_path / "further")
+    assert torch.equal(start.draft_to_target, end.draft_to_target)
+    assert start.config.aux_layers == end.config.aux_layers
+    assert not torch.equal(start.fc.weight, end.fc.weight)
+
+
+def test_training_further_refuses_other_feature_layers_and_other_kinds(tmp_path):
+    target = TargetModel(tiny_model("qwen3_moe"))
+    train_draft.train_draft(target, _data(), _settings(tmp_path / "head", steps=1))
+    with pytest.raises(ValueError, match="aux_layers .*fuses"):
+        train_draft.train_draft(target, _data(), _settings(tmp_path / "x", steps=1, init=str(tmp_path / "head"),
+                                                           aux_layers=(0, 1)))
+    parser = argparse.ArgumentParser()
+    train_draft_command.add_arguments(parser)
+    from moe_spec.errors import InputError
+
+    with pytest.raises(InputError, match="--init"):
+        train_draft_command.run(parser.parse_args(["--kind", "mtp", "--target", "t", "--out", "o",
+                                                   "--init", str(tmp_path / "head")]))
