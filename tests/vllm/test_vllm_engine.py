@@ -24,10 +24,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
 
 from moe_spec.cli.main import main
-from moe_spec.core.target import TargetModel
 from moe_spec.drafters.eagle import EagleDrafter
 from moe_spec.integrations.vllm.export import EngineMeasure
 from moe_spec.integrations.vllm.proposer import MoeSpecProposer
@@ -36,8 +34,7 @@ from moe_spec.measure.chain_reach import chain_counts
 from moe_spec.policy.batch_chains import batch_chain_lengths
 from moe_spec.policy.engine_schedule import schedule, vllm_ranges
 from moe_spec.profile.artifact import Profile
-from moe_spec.testing.tiny_models import tiny_model
-from moe_spec.training.train_draft import DraftTrainSettings, TokenData, train_draft
+from moe_spec.testing.vllm_world import build_world
 
 pytestmark = pytest.mark.slow
 
@@ -46,9 +43,6 @@ VLLM_PYTHON = ROOT / ".venv-vllm" / "bin" / "python"
 ENGINE_RUN = ROOT / "moe_spec" / "integrations" / "vllm" / "engine_run.py"
 NEW_TOKENS = 24
 K = 3
-TARGET_SHAPE = dict(hidden_size=128, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2, head_dim=32,
-                    num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32, vocab_size=512,
-                    max_position_embeddings=512)
 
 
 def _vllm_python() -> Path:
@@ -57,68 +51,16 @@ def _vllm_python() -> Path:
     return VLLM_PYTHON
 
 
-def predictable_target(cycle: int = 6, seed: int = 0):
-    """A tiny Qwen3-MoE whose greedy text follows short cycles of tokens, so drafters have something
-    to get right: each token's embedding is the output row of the token after it in its cycle, and
-    the layers (attention, router, experts: all run) add small perturbations to that."""
-    generator = torch.Generator().manual_seed(seed)
-    model = tiny_model("qwen3_moe", seed=seed, **TARGET_SHAPE)
-    vocab = TARGET_SHAPE["vocab_size"]
-    order = torch.randperm(vocab, generator=generator)
-    following = torch.empty(vocab, dtype=torch.long)
-    for start in range(0, vocab, cycle):
-        members = order[start: start + cycle]
-        following[members] = members.roll(-1)
-    with torch.no_grad():
-        for name, parameter in model.named_parameters():
-            if "norm" not in name:
-                parameter.copy_(torch.randn(parameter.shape, generator=generator) * 0.02)
-        embedding = model.get_input_embeddings().weight
-        embedding.copy_(torch.randn(embedding.shape, generator=generator))
-        model.lm_head.weight[following] = embedding.clone()
-    return model
-
-
-def _prompts(count: int, seed: int) -> list[torch.Tensor]:
-    """Prompts with repeats in them (so lookup has something to find), ids in the tiny vocabulary."""
-    generator = torch.Generator().manual_seed(seed)
-    out = []
-    for _ in range(count):
-        motif = torch.randint(3, 500, (int(torch.randint(3, 7, (1,), generator=generator)),), generator=generator)
-        noise = torch.randint(3, 500, (6,), generator=generator)
-        out.append(torch.cat([noise, motif, motif, motif[:2]]))
-    return out
-
-
 @pytest.fixture(scope="module")
 def world(tmp_path_factory):
     """The target, head and exports on disk, and one engine run of every configuration."""
     python = _vllm_python()
     root = tmp_path_factory.mktemp("vllm")
-    model = predictable_target()
-    model.save_pretrained(root / "target")
-    target = TargetModel(model)
-    stream = torch.cat(_prompts(200, seed=1))
-    train_draft(target, TokenData(stream[:-300], stream[-300:]),
-                DraftTrainSettings(out=str(root / "head"), steps=60, batch_size=8, prompt_len=24, continuation_len=16,
-                                   draft_vocab=256, eval_batches=1, vocab_batches=2, lr=3e-3))
-    prompts = _prompts(6, seed=2)
-    prompt_file = root / "prompts.jsonl"
-    prompt_file.write_text("".join(json.dumps({"prompt_ids": p.tolist()}) + "\n" for p in prompts))
-    profile = root / "profile.json"
-    assert main(["profile", "--model", str(root / "target"), "--drafter", str(root / "head"), "--prompts",
-                 str(prompt_file), "--out", str(profile), "--max-new-tokens", "16", "--repeats", "1",
-                 "--grid-tokens", "1,4,16", "--grid-experts", "2,8", "--natural-trees", "4", "--batch-sizes", "2",
-                 "--prefix-len", "16"]) == 0
-    for drafter, out in ((str(root / "head"), root / "export"), ("lookup", root / "export_lookup")):
-        assert main(["export-vllm", "--model", str(root / "target"), "--drafter", drafter, "--profile", str(profile),
-                     "--prompts", str(prompt_file), "--out", str(out), "--max-k", str(K), "--max-batch", "8",
-                     "--max-new-tokens", str(NEW_TOKENS)]) == 0
     # the schedule priced by vLLM's own step times: one engine per K in 0..2, each timing B = 1 and 6
-    assert main(["export-vllm", "--model", str(root / "target"), "--drafter", str(root / "head"), "--profile",
-                 str(profile), "--prompts", str(prompt_file), "--out", str(root / "export_engine"), "--max-k", "2",
-                 "--max-batch", "8", "--max-new-tokens", str(NEW_TOKENS), "--engine-costs", "measure",
-                 "--engine-batch-sizes", "1,6", "--vllm-python", str(python)]) == 0
+    world = build_world(root, python, prompts=6, max_k=K, max_batch=8, new_tokens=NEW_TOKENS, engine_max_k=2,
+                        engine_batch_sizes="1,6")
+    model, target, prompts = world["model"], world["target"], world["prompts"]
+    prompt_file, profile = root / "prompts.jsonl", root / "profile.json"
     exported = json.loads((root / "export" / "speculative_config.json").read_text())
     job = {"model": str(root / "target"), "dtype": "float32", "prompts": [p.tolist() for p in prompts],
            "max_tokens": NEW_TOKENS, "max_model_len": 256, "runs": [
