@@ -35,7 +35,7 @@ from moe_spec.core.sampling import GREEDY, SamplingConfig
 from moe_spec.core.step_record import StepRecord
 from moe_spec.policy.budget_bandit import BudgetBandit, RegimeKey
 from moe_spec.policy.candidate_scheme import drawn
-from moe_spec.policy.fewer_nodes import tokens_with_fewer_nodes
+from moe_spec.policy.fewer_nodes import tokens_by_budget
 from moe_spec.policy.moe_aware import MoeAwareController
 from moe_spec.policy.static import StaticController
 
@@ -117,34 +117,31 @@ class BoundedController:
         # request look worst and the choice rotate among the fixed budgets
         if self._steps > self.settle_steps:
             ms = record.draft_ms + record.plan_ms + record.verify_ms + record.accept_ms
-            self.bandit.record(self._key(record.verified.rows), self._arm, self._tokens(record), ms,
-                               credits=self._credits(record))
+            tokens, credits = self._told(record)
+            self.bandit.record(self._key(record.verified.rows), self._arm, tokens, ms, credits=credits)
         self._arm = self._next_arm
 
-    def _tokens(self, record: StepRecord) -> float:
-        """The step's tokens on average given its drafts (`fewer_nodes`), else as the sizing counts them."""
-        if record.sampling.greedy:
-            return float(record.tokens_produced)
-        expected = tokens_with_fewer_nodes(record)
-        return expected if expected is not None else self.sizing.tokens_expected(record)
-
-    def _credits(self, record: StepRecord) -> dict[str, float]:
-        """What the other arms would have made on this step, where the record tells it: plain
-        decoding one token a row; after a fixed budget's step or a sized chain, every smaller fixed
-        budget's tokens (`fewer_nodes`; the sizing's trees are not a fixed budget's superset)."""
-        credits = {PLAIN: float(record.batch)}
+    def _told(self, record: StepRecord) -> tuple[float, dict[str, float]]:
+        """The step's tokens, on average given its drafts (`fewer_nodes`; else as the sizing counts
+        them), and what other arms would have made on it, where the record tells it: plain decoding
+        one token a row; after a fixed budget's step or a sized chain, every smaller fixed budget's
+        tokens (the sizing's trees are not a fixed budget's superset)."""
         if self._arm in self._static:
             played = self._static[self._arm].budget.max_nodes
         elif self._arm == SIZED and drawn(record.verified):
             played = min(tree.num_drafted for tree in record.verified)
         else:
-            return credits
-        for name, static in self._static.items():
-            if static.budget.max_nodes < played:
-                told = tokens_with_fewer_nodes(record, static.budget.max_nodes)
-                if told is not None:
-                    credits[name] = told
-        return credits
+            played = 0
+        smaller = {name: static.budget.max_nodes for name, static in self._static.items()
+                   if static.budget.max_nodes < played}
+        wanted = (*smaller.values(), *(() if record.sampling.greedy else (None,)))
+        told = tokens_by_budget(record, wanted)
+        tokens = float(record.tokens_produced) if record.sampling.greedy else told.get(None)
+        if tokens is None:
+            tokens = self.sizing.tokens_expected(record)
+        credits = {PLAIN: float(record.batch)}
+        credits.update({name: told[nodes] for name, nodes in smaller.items() if nodes in told})
+        return tokens, credits
 
     def _choose(self) -> str:
         return self.bandit.choose(self._key(self._rows), allowed=(SIZED, *self._static, PLAIN))

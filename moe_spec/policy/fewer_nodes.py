@@ -32,21 +32,36 @@ def tokens_with_fewer_nodes(record: StepRecord, nodes: int | None = None) -> flo
     cannot tell it: a sampled tree with siblings, a sampled chain shorter than `nodes`, top
     candidates whose kept siblings are not the first tried. The step must have verified what a
     fixed budget of at least `nodes` nodes drafts (the caller's to know)."""
-    total = 0.0
-    for row, tree in enumerate(record.verified):
-        kept = _kept(tree, nodes, record.sampling.greedy)
-        if kept is None:
-            return None
-        probs = record.acceptance_probability(row).tolist()  # [N] P(accepted | parent reached)
-        parents = tree.parent_list
-        reach = [1.0] * len(tree)  # P(node on the accepted path); parents precede their children
-        tokens = 1.0  # the bonus token is made however small the tree
-        for node in range(1, len(tree)):
-            reach[node] = reach[parents[node]] * probs[node]
-            if kept[node]:
-                tokens += reach[node]
-        total += tokens
-    return total
+    return tokens_by_budget(record, (nodes,)).get(nodes)
+
+
+def tokens_by_budget(record: StepRecord, budgets) -> dict[int | None, float]:
+    """`tokens_with_fewer_nodes` for each of `budgets` (node counts, None: every node) that the
+    record tells, computing each row's acceptance probabilities once."""
+    told: dict[int | None, float] = {}
+    rows: list[tuple[list[float], list[float]]] = []  # per row: P(node on the accepted path), [N]
+    for nodes in budgets:
+        total = 0.0
+        for row, tree in enumerate(record.verified):
+            kept = _kept(tree, nodes, record.sampling.greedy)
+            if kept is None:
+                break
+            if len(rows) <= row:
+                rows.append(_reach(tree, record.acceptance_probability(row).tolist()))
+            total += sum(r for r, keep in zip(rows[row], kept) if keep)  # the root's 1: the bonus token
+        else:
+            told[nodes] = total
+    return told
+
+
+def _reach(tree: DraftTree, probs: list[float]) -> list[float]:
+    """[N] P(node on the accepted path) from P(node accepted | parent reached); root 1 (parents
+    precede their children)."""
+    parents = tree.parent_list
+    reach = [1.0] * len(tree)
+    for node in range(1, len(tree)):
+        reach[node] = reach[parents[node]] * probs[node]
+    return reach
 
 
 def _kept(tree: DraftTree, nodes: int | None, greedy: bool) -> list[bool] | None:
