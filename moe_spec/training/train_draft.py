@@ -260,12 +260,24 @@ def train_draft(target: TargetModel, data: TokenData, settings: DraftTrainSettin
         "final_train_loss_per_pass": [round(x, 4) for x in trained.running_loss.tolist()],  # running mean
         **evaluation,
         "settings": asdict(settings),
+        **({"init": _init_record(settings.init)} if settings.init is not None else {}),
     }
     accelerator.wait_for_everyone()
     if accelerator.is_main_process:
         head.save_pretrained(settings.out)
         (Path(settings.out) / META_FILE).write_text(json.dumps(meta, indent=2) + "\n")
     return meta
+
+
+def _init_record(init: str) -> dict:
+    """Where a head trained further started: its folder and that folder's own metadata (its
+    command and settings, and so on back), so the file holds every run that made the head."""
+    meta_file = Path(init) / META_FILE
+    try:
+        meta = json.loads(meta_file.read_text())
+    except (OSError, ValueError):
+        meta = None
+    return {"path": str(init), "meta": meta}
 
 
 def _starting_head(target: TargetModel, settings: DraftTrainSettings) -> EagleHead | None:

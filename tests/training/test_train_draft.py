@@ -124,6 +124,7 @@ def test_training_further_starts_from_a_head_in_any_layout_and_keeps_its_vocabul
     assert torch.equal(start.draft_to_target, end.draft_to_target)
     assert start.config.aux_layers == end.config.aux_layers
     assert not torch.equal(start.fc.weight, end.fc.weight)
+    assert further["init"]["path"] == str(tmp_path / "eagle") and further["init"]["meta"] is None  # convert-head writes none
 
 
 def test_training_further_refuses_other_feature_layers_and_other_kinds(tmp_path):
