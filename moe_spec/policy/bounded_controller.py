@@ -14,8 +14,7 @@ branching (`static:N`) for top candidates, a chain (`chain:N`) for sampled ones,
 trees with siblings accept little more than the chain's first node (offloaded, T = 1: `static:4`
 1.84 tokens a step against 1.53 for one node) and tell nothing of smaller ones (`fewer_nodes`).
 
-A step's time is all of it, from the last step's end to its own (the loop around the step's parts
-costs every arm alike per step, so it weighs most on the shortest). Its tokens are what it
+Only the step's own time is measured (draft + plan + verify + acceptance). Its tokens are what it
 makes on average given its drafts (`fewer_nodes`: exact, without the luck of sampled acceptance
 draws; under greedy decoding the tokens made). A step also credits the arms whose tokens it tells:
 plain decoding's (one a row) after every step, and every smaller fixed budget's after a fixed
@@ -27,9 +26,7 @@ fixed arm's step is not learnt from (predicting its pass afresh cost more than i
 
 from __future__ import annotations
 
-import time
 from collections import Counter
-from collections.abc import Callable
 
 from moe_spec.core.control import StepPlan
 from moe_spec.core.drafting import EAGLE2_BUDGET, NO_DRAFT, TreeBudget
@@ -47,8 +44,8 @@ PLAIN = "plain"  # the arm of plain decoding
 # fixed budgets beside the sizing, tried in this order before any is judged: the best fixed trees
 # measured on this project's pairs sit at 1-4 nodes (offloaded, sampled) and 3-6 (greedy, eager,
 # batches); plain decoding last. Each arm costs the steps that measure it, but a larger budget's
-# steps tell the smaller ones' tokens (`fewer_nodes`), so a smaller budget needs only two steps of
-# its own (to time it) before it is judged
+# steps tell the smaller ones' tokens (`fewer_nodes`), so a smaller budget needs only a step of its
+# own (to time it) before it is judged
 FIXED_ARMS = (4, 2, 1, 6, 3)
 
 
@@ -57,7 +54,7 @@ class BoundedController:
     `BudgetBandit`; see the module docstring. `decisions` counts the steps each arm decided."""
 
     def __init__(self, sizing: MoeAwareController, fixed: tuple[int, ...] = FIXED_ARMS,
-                 bandit: BudgetBandit | None = None, clock: Callable[[], float] = time.perf_counter):
+                 bandit: BudgetBandit | None = None):
         if sizing.settings.gate:
             raise ValueError("the sizing's own gate must be off: the bandit's plain arm decides plain steps")
         self.sizing = sizing
@@ -80,14 +77,11 @@ class BoundedController:
         self._steps = 0  # steps of the request decoding now
         self.decisions: Counter = Counter()  # arm -> steps it decided, over the controller's life
         self.settle_steps = 4  # a request's first steps, decided but not judged (see `observe`)
-        self._clock = clock
-        self._last_observed: float | None = None  # the clock at the request's last `observe`
 
     def begin(self, default: TreeBudget, sampling: SamplingConfig = GREEDY) -> TreeBudget:
         self._sampling = sampling
         self._rows = 1
         self._steps = 0
-        self._last_observed = None
         sized = self.sizing.begin(default, sampling)
         trees = self._shapes[False]
         sampled = any(static.begin(default, sampling).sampled for static in trees.values())
@@ -121,23 +115,11 @@ class BoundedController:
         # a request's first steps pay its cold start whichever arm decides them (offloaded experts
         # not yet resident, a short prefix): judged, they made the arm that happened to open each
         # request look worst and the choice rotate among the fixed budgets
-        now = self._clock()
         if self._steps > self.settle_steps:
+            ms = record.draft_ms + record.plan_ms + record.verify_ms + record.accept_ms
             tokens, credits = self._told(record)
-            self.bandit.record(self._key(record.verified.rows), self._arm, tokens, self._step_ms(record, now),
-                               credits=credits)
+            self.bandit.record(self._key(record.verified.rows), self._arm, tokens, ms, credits=credits)
         self._arm = self._next_arm
-        self._last_observed = now
-
-    def _step_ms(self, record: StepRecord, now: float) -> float:
-        """The step's whole time: from the last step's `observe` to this one (draft, plan, verify,
-        acceptance and the loop around them, this controller's own work included). The record's
-        parts leave out a few ms a step of the loop (greedy, in memory: about 20 ms a step against
-        17.5 in its parts), which made a one-node tree, a third shorter a step, look faster than it
-        is; they stand in on a request's first step."""
-        if self._last_observed is None:
-            return record.draft_ms + record.plan_ms + record.verify_ms + record.accept_ms
-        return (now - self._last_observed) * 1000.0
 
     def _told(self, record: StepRecord) -> tuple[float, dict[str, float]]:
         """The step's tokens, on average given its drafts (`fewer_nodes`; else as the sizing counts

@@ -21,9 +21,8 @@ The statistics persist across `generate` calls of one process, per regime (`Regi
 sampling settings and the batch's row count in powers of two), because which arm wins is a
 property of the target, drafter, machine and regime, not of one request: a new request starts
 from what the earlier ones measured. The arms' order is the prior: before any is judged, each
-decides steps in that order until `min_plays` steps told its tokens and `min_own_plays` of them
-were its own (its time is known only from its own steps, and one step's time, cold experts read
-from disk or not, is too little to judge it by).
+decides steps in that order until `min_plays` steps told its tokens, at least one of them its own
+(its time is known only from its own steps; a credited arm needs no more of them to be judged).
 """
 
 from __future__ import annotations
@@ -163,15 +162,13 @@ class BudgetBandit:
     (t_a = n_a) the error is s^2 / n_a: a ratio of sums' own.
     """
 
-    def __init__(self, arms: tuple[str, ...], exploration: float = 0.7, window: int = 32, min_plays: int = 3,
-                 min_own_plays: int = 2):
+    def __init__(self, arms: tuple[str, ...], exploration: float = 0.7, window: int = 32, min_plays: int = 3):
         if not arms:
             raise ValueError("a bandit needs at least one arm")
         self.arms = tuple(arms)
         self.exploration = exploration
         self.window = window
         self.min_plays = min_plays  # steps that tell each arm's tokens before any is judged
-        self.min_own_plays = min(min_own_plays, min_plays)  # of them, steps it decided (its time)
         self._windows: dict[RegimeKey, dict[str, ArmWindow]] = {}
 
     def windows(self, key: RegimeKey) -> dict[str, ArmWindow]:
@@ -180,15 +177,15 @@ class BudgetBandit:
         return self._windows[key]
 
     def choose(self, key: RegimeKey, allowed: tuple[str, ...] | None = None) -> str:
-        """The arm to decide the next step: the first (in `arms` order) with fewer than `min_own_plays`
-        plays or `min_plays` steps that told its tokens, else the highest upper confidence bound;
-        `allowed` restricts the choice (None: every arm; it must leave one)."""
+        """The arm to decide the next step: the first (in `arms` order) with no play yet or fewer than
+        `min_plays` steps that told its tokens, else the highest upper confidence bound; `allowed`
+        restricts the choice (None: every arm; it must leave one)."""
         windows = self.windows(key)
         candidates = [arm for arm in self.arms if allowed is None or arm in allowed]
         if not candidates:
             raise ValueError(f"none of the bandit's arms {list(self.arms)} is allowed ({list(allowed or ())})")
         for arm in candidates:
-            if windows[arm].plays < self.min_own_plays or len(windows[arm].tokens_window) < self.min_plays:
+            if not windows[arm].plays or len(windows[arm].tokens_window) < self.min_plays:
                 return arm
         total = sum(windows[arm].plays for arm in candidates)
         # the bonus is on one scale for every arm (the pooled rate and spreads): a bonus relative
