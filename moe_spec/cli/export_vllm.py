@@ -96,7 +96,10 @@ def run(args: argparse.Namespace) -> dict:
           file=sys.stderr)
     for row in report["by_batch_size"]:
         print(f"  B = {row['rows']:>3}: K = {row['length']}  predicted {row['speedup']:.2f}x no speculation", file=sys.stderr)
-    summary = {"command": "export-vllm", "out": str(args.out), "speculative_config": config,
+    speculate = any(length > 0 for *_, length in config["num_speculative_tokens_per_batch_size"])
+    if not speculate:  # vLLM's speculative machinery costs its steps even where it drafts nothing
+        print("  no batch size pays for speculation: serve this target without --speculative-config", file=sys.stderr)
+    summary = {"command": "export-vllm", "out": str(args.out), "speculative_config": config, "speculate": speculate,
                "reach": report["chain_acceptance"]["reach"], "profile": str(found), "priced_by": report["priced_by"]}
     print(json.dumps(summary))  # the full report is OUT/schedule.json
     return summary

@@ -25,7 +25,7 @@ def _samples(profile, coefficients, grid=((1, 4, 16), (0, 1, 2, 3))):
 
 
 def test_the_fit_recovers_the_price_the_steps_were_made_with(profile):
-    truth = (3.0, 0.05, 0.02, 1.5, 0.1)
+    truth = (3.0, 0.05, 0.02, 1.5, 0.1, 0.7)
     costs = fit(profile, _samples(profile, truth))
     assert costs.coefficients == pytest.approx(truth, rel=1e-6)
     price = costs.step_cost(profile)
@@ -35,7 +35,7 @@ def test_the_fit_recovers_the_price_the_steps_were_made_with(profile):
 def test_no_term_is_priced_below_zero_and_a_costly_draft_means_no_speculation(profile):
     # every drafted depth costs 40 ms in this engine, far more than a step of it makes back
     samples = [EngineStep(s.rows, s.length, s.ms_per_step - 0.5 * s.rows * s.length, 10)
-               for s in _samples(profile, (2.0, 0.01, 0.0, 40.0, 0.6))]
+               for s in _samples(profile, (2.0, 0.01, 0.0, 40.0, 0.6, 0.0))]
     costs = fit(profile, samples)
     assert min(costs.coefficients) >= 0 and costs.coefficients[TERMS.index("draft_per_depth_ms")] > 30
     choices = schedule(profile, [0.6, 0.4, 0.3], 16, costs.step_cost(profile))
@@ -43,7 +43,7 @@ def test_no_term_is_priced_below_zero_and_a_costly_draft_means_no_speculation(pr
 
 
 def test_the_costs_file_round_trips_and_a_broken_one_is_refused_by_name(profile, tmp_path):
-    costs = fit(profile, _samples(profile, (3.0, 0.05, 0.02, 1.5, 0.1)))
+    costs = fit(profile, _samples(profile, (3.0, 0.05, 0.02, 1.5, 0.1, 0.7)))
     path = tmp_path / "engine_costs.json"
     path.write_text(json.dumps(costs.to_dict()))
     assert EngineCosts.load(path) == costs

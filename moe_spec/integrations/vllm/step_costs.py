@@ -8,12 +8,15 @@ K = 1 where no speculation won). Here one engine per K in 0..K_max decodes the p
 size B, timing each pass and counting its engine steps (per batch, its longest request's: a prefill
 step and one per verification); the ms per step are then fitted, by non-negative least squares, as
 
-    step_ms(B, K) = a + b B (K + 1) + c sum_l U_l(B, K + 1) + d K + e B K
+    step_ms(B, K) = a + b B (K + 1) + c sum_l U_l(B, K + 1) + d K + e B K + f [K > 0]
 
 U_l being the experts B rows of K + 1 tokens load in layer l (the profile's unique-experts curve,
 `engine_schedule.union_experts`): a fixed part, the tokens, the expert union (the MoE term no engine
-prices today), and the drafter's forwards per depth and per drafted token. The fit prices every
-batch size the schedule covers, measured or not.
+prices today), the drafter's forwards per depth and per drafted token, and what a speculative step
+costs whatever its K (the proposer's call, the rejection sampler: on the tiny CPU target of
+`docs/vllm.md`, K = 1 cost 1.2 ms a step more than no speculation at B = 1, where each further
+depth cost 0.5-0.9 ms; without this term the fit priced K = 1 at 1.04x of no speculation, and it
+ran at 0.77x). The fit prices every batch size the schedule covers, measured or not.
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ from moe_spec.integrations.vllm.engine_run import launch
 from moe_spec.policy.engine_schedule import StepCost, union_experts
 from moe_spec.profile.artifact import Profile
 
-TERMS = ("fixed_ms", "per_token_ms", "per_expert_ms", "draft_per_depth_ms", "draft_per_token_ms")
+TERMS = ("fixed_ms", "per_token_ms", "per_expert_ms", "draft_per_depth_ms", "draft_per_token_ms", "speculating_ms")
 
 
 @dataclass(frozen=True)
@@ -56,7 +59,8 @@ class EngineCosts:
         return lambda rows, length: float(weights @ _terms(profile, rows, length))
 
     def to_dict(self) -> dict:
-        return {"formula": "ms = fixed + per_token B (K + 1) + per_expert sum_l U_l + draft_per_depth K + draft_per_token B K",
+        return {"formula": "ms = fixed + per_token B (K + 1) + per_expert sum_l U_l + draft_per_depth K + draft_per_token B K"
+                           " + speculating [K > 0]",
                 **dict(zip(TERMS, self.coefficients)), "samples": [asdict(s) for s in self.samples]}
 
     @classmethod
@@ -80,9 +84,9 @@ class EngineCosts:
 
 
 def _terms(profile: Profile, rows: int, length: int) -> np.ndarray:
-    """[5] the fit's regressors of a step of `rows` chains of `length` drafts."""
+    """[6] the fit's regressors of a step of `rows` chains of `length` drafts."""
     return np.array([1.0, rows * (length + 1), float(union_experts(profile, rows, length + 1).sum()),
-                     float(length), float(rows * length)])
+                     float(length), float(rows * length), float(length > 0)])
 
 
 def fit(profile: Profile, samples: Sequence[EngineStep]) -> EngineCosts:
@@ -90,7 +94,7 @@ def fit(profile: Profile, samples: Sequence[EngineStep]) -> EngineCosts:
     comes out negative is dropped and the rest refitted, until none is)."""
     if len(samples) < 2:
         raise InputError("engine costs need at least two measured configurations")
-    x = np.stack([_terms(profile, s.rows, s.length) for s in samples])  # [S, 5]
+    x = np.stack([_terms(profile, s.rows, s.length) for s in samples])  # [S, 6]
     y = np.array([s.ms_per_step for s in samples])  # [S]
     kept = list(range(x.shape[1]))
     while True:
