@@ -83,8 +83,8 @@ class BoundedController:
         self._rows = 1
         self._steps = 0
         sized = self.sizing.begin(default, sampling)
-        trees = self._shapes[False]
-        sampled = any(static.begin(default, sampling).sampled for static in trees.values())
+        # every fixed budget resolves the request's candidate scheme alike: one of them tells it
+        sampled = next(iter(self._shapes[False].values())).begin(default, sampling).sampled
         self._static = self._shapes[sampled]
         budgets = {name: static.begin(default, sampling) for name, static in self._static.items()}
         self._budgets = {**budgets, PLAIN: NO_DRAFT}

@@ -39,7 +39,7 @@ def tokens_by_budget(record: StepRecord, budgets) -> dict[int | None, float]:
     """`tokens_with_fewer_nodes` for each of `budgets` (node counts, None: every node) that the
     record tells, computing each row's acceptance probabilities once."""
     told: dict[int | None, float] = {}
-    rows: list[tuple[list[float], list[float]]] = []  # per row: P(node on the accepted path), [N]
+    rows: list[list[float]] = []  # per row: P(node on the accepted path), [N]
     for nodes in budgets:
         total = 0.0
         for row, tree in enumerate(record.verified):
