@@ -10,7 +10,8 @@
 device for a model of the traced one's shapes, `moe-spec make-random --shape embedded`); each is run at every `--per-expert-scale` S (per-expert cost times S). Prints
 one table per cost model and scale, each followed by its gap decomposition (`bounds.decomposition`:
 how much drafting, routing prediction, calibration and selection cost, as ratios of replayed
-throughputs on the same steps), then one JSON line with a `decomposition` section (per result, and
+throughputs on the same steps) and, for a greedy trace with `moe-aware` asked, the bound replayed
+(`bound_replay`: its bandit choosing among its arms' replays, against the best of them), then one JSON line with a `decomposition` section (per result, and
 the profile's cost-model error against the trace's measured verify times); `--json` writes
 everything, `--plots` draws speedup against S. See `replay.py` and `bounds.py` for what is and is
 not modelled; every bound and oracle is a replay, not a measurement.
@@ -30,12 +31,14 @@ from moe_spec.experiments.report import format_table
 from moe_spec.profile.cost_model import CostModel
 from moe_spec.errors import InputError
 from moe_spec.experiments.analytic_cost import DEVICES, ModelShapes, analytic_cost_model, analytic_terms, scaled_expert_cost
+from moe_spec.experiments.bound_replay import BOUNDED
 from moe_spec.experiments.bounds import decomposition
 from moe_spec.experiments.replay import (
     DEFAULT_POLICIES, DRAFT_TIMES, check_greedy_trace, draft_factor, measured_cost_error, parse_policies, recorded_step,
     simulate, summarise,
 )
 from moe_spec.experiments.trace_file import Trace, read_trace
+from moe_spec.policy.bounded_controller import SIZED
 from moe_spec.policy.registry import method_names
 
 LABEL = "SIMULATION"
@@ -202,9 +205,20 @@ def format_report(report: dict) -> str:
         table = format_table(result["policies"], title, COLUMNS)
         best = result["policies"].get("static-best", {}).get("budget")
         lines += ["", table + (f"\n(static-best = {best})" if best else "")]
+        if BOUNDED in result["policies"]:
+            lines.append(format_bound(result["policies"][BOUNDED]))
         if result["decomposition"]:
             lines += ["", format_decomposition(result["decomposition"], report["cost_model_error"])]
     return "\n".join(lines)
+
+
+def format_bound(figures: dict) -> str:
+    """The bound's replay against its own arms: what choosing online cost, and who decided."""
+    arms, best = figures["arm_tokens_per_s"], figures["best_arm"]
+    shares = ", ".join(f"{arm} {share:.0%}" for arm, share in figures["decisions"].items())
+    return (f"{BOUNDED}: {figures['tokens_per_s']:.1f} tok/s, {figures['tokens_per_s'] / arms[best]:.3f}x its best arm "
+            f"in hindsight ({best}, {arms[best]:.1f}), {figures['tokens_per_s'] / arms[SIZED]:.3f}x its sizing alone "
+            f"(gate off, {arms[SIZED]:.1f}); steps decided by {shares}")
 
 
 # (label, key) of the decomposition table's rows, in `bounds.decomposition`'s terms

@@ -34,6 +34,9 @@ EAGLE-2 reached, not the one the policy would have); every policy pays EAGLE-2's
 60-node tree, while in a real run it sizes its candidate tree from recent steps; no policy pays
 controller time (plan_ms).
 
+For a greedy trace with `moe-aware` asked, `moe-aware, bounded (replay)` is `moe-aware` as a live run
+decides: its bandit choosing, step by step, among the replays of its arms (`bound_replay.py`).
+
 Beside the policies, every replay reports the bounds and oracles of `experiments/bounds.py` (the
 selection ceiling, each with its draft accounting; `moe-aware` with true routing, with realised
 acceptance, with the draft sized to what it verified; `static-best` with a sized draft) and, from
@@ -50,6 +53,8 @@ from dataclasses import dataclass, replace
 import torch
 
 from moe_spec.core.acceptance import accept_greedy
+from moe_spec.policy.bounded_controller import PLAIN, SIZED
+from moe_spec.policy.moe_aware import MoeAwareController
 from moe_spec.policy.profiled import ProfiledController
 from moe_spec.policy.registry import AR, STATIC_BEST, build_controller, expand_methods, parse_methods, static_grid_names
 from moe_spec.core.control import Controller
@@ -63,12 +68,13 @@ from moe_spec.experiments.bounds import (
     ALL_ORACLES, CEILING, REALISED, SIZED_CEILING, SIZED_DRAFT, STATIC_SIZED, TRUE_ROUTING, OracleMoeAware,
     path_prefix_options, profiled_draft_cost, selection_ceiling, sized_draft_ms,
 )
+from moe_spec.experiments.bound_replay import BOUNDED, BoundSettings, replay_bound
 from moe_spec.experiments.trace_file import Trace, TraceError
 from moe_spec.core.tree import DraftTree
 
 DRAFT_TIMES = ("scaled", "recorded", "zero")
 DEFAULT_POLICIES = (AR, "eagle2", STATIC_BEST, "truncate", "moe-aware", "moe-aware-noexperts")
-BOUNDS = (CEILING, SIZED_CEILING, STATIC_SIZED, SIZED_DRAFT, TRUE_ROUTING, REALISED, ALL_ORACLES)  # report order
+BOUNDS = (BOUNDED, CEILING, SIZED_CEILING, STATIC_SIZED, SIZED_DRAFT, TRUE_ROUTING, REALISED, ALL_ORACLES)  # report order
 
 
 def parse_policies(spec: str) -> list[str]:
@@ -218,6 +224,8 @@ def simulate(trace: Trace, profile: Profile, cost: CostModel, policies: Sequence
         best = max(grid, key=lambda r: r.figures["tokens_per_s"])
         results[STATIC_BEST] = PolicyReplay(STATIC_BEST, best.steps, {**best.figures, "budget": best.name})
     results.update(bound_replays(trace, simulated, results, factor))
+    if "moe-aware" in results and trace.greedy:
+        results[BOUNDED] = bounded_replay(trace, simulated, results, factor)
     baseline = results[AR].figures["tokens_per_s"]
     for result in results.values():
         result.figures["speedup_vs_ar"] = _round(result.figures["tokens_per_s"] / baseline) if baseline > 0 else None
@@ -243,6 +251,40 @@ def replay_policy(name: str, trace: Trace, controller: Controller, cost: CostMod
     if predicted:
         figures["predicted_accept_len"] = _round(sum(predicted) / len(predicted))
     return PolicyReplay(name, replayed, figures)
+
+
+def bound_arms(trace: Trace, simulated: Profile, factor: float, fixed_nodes: Sequence[int],
+               results: dict[str, PolicyReplay] | None = None) -> tuple[list, dict[int, list], list]:
+    """The replayed steps of the bound's arms: its sizing (gate off: the bandit's plain arm gates),
+    each fixed budget (nodes -> `static:nodes`'s, reused from `results` where there) and plain
+    decoding (`ar`'s)."""
+    results = results or {}
+    cost = simulated.cost_model
+    sized = replay_policy("sized", trace, MoeAwareController(simulated, adapt=False, gate=False), cost, factor).steps
+    fixed = {}
+    for nodes in fixed_nodes:
+        name = f"static:{nodes}"
+        replay = results.get(name) or replay_policy(name, trace, build_controller(name, lambda: simulated, adapt=False), cost, factor)
+        fixed[nodes] = replay.steps
+    plain = results[AR].steps if AR in results else [ar_step(step, cost) for step in trace.steps]
+    return sized, fixed, plain
+
+
+def bounded_replay(trace: Trace, simulated: Profile, results: dict[str, PolicyReplay], factor: float,
+                   settings: BoundSettings = BoundSettings()) -> PolicyReplay:
+    """`moe-aware` as a live run decides (`experiments/bound_replay.py`): the bandit over its arms'
+    replays (`bound_arms`); greedy traces only (a sampled one tells no smaller budget's tokens)."""
+    sized, fixed, plain = bound_arms(trace, simulated, factor, settings.fixed, results)
+    chosen, decisions = replay_bound([step.rows[0] for step in trace.steps], sized, fixed, plain, settings)
+    shares = {arm: _round(count / len(chosen)) for arm, count in decisions.most_common()} if chosen else {}
+    arms = {SIZED: summarise(sized), **{f"static:{n}": summarise(steps) for n, steps in fixed.items()},
+            PLAIN: summarise(plain)}
+    best = max(arms, key=lambda arm: arms[arm]["tokens_per_s"])
+    note = "replay: the live bandit choosing among its arms' replays, step by step" + (
+        f"; step times jittered by {settings.noise:.0%}" if settings.noise else "")
+    return PolicyReplay(BOUNDED, chosen, {**summarise(chosen), "decisions": shares, "best_arm": best,
+                                          "arm_tokens_per_s": {arm: f["tokens_per_s"] for arm, f in arms.items()},
+                                          "bound": note})
 
 
 def bound_replays(trace: Trace, simulated: Profile, results: dict[str, PolicyReplay], factor: float) -> dict[str, PolicyReplay]:

@@ -47,6 +47,8 @@ PLAIN = "plain"  # the arm of plain decoding
 # steps tell the smaller ones' tokens (`fewer_nodes`), so a smaller budget needs only a step of its
 # own (to time it) before it is judged
 FIXED_ARMS = (4, 2, 1, 6, 3)
+# a request's first steps, decided but not judged (see `observe`)
+SETTLE_STEPS = 4
 
 
 class BoundedController:
@@ -76,7 +78,7 @@ class BoundedController:
         self._next_arm = SIZED
         self._steps = 0  # steps of the request decoding now
         self.decisions: Counter = Counter()  # arm -> steps it decided, over the controller's life
-        self.settle_steps = 4  # a request's first steps, decided but not judged (see `observe`)
+        self.settle_steps = SETTLE_STEPS
 
     def begin(self, default: TreeBudget, sampling: SamplingConfig = GREEDY) -> TreeBudget:
         self._sampling = sampling

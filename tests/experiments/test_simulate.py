@@ -20,9 +20,12 @@ from moe_spec.core.forest import StepForest
 from moe_spec.experiments.bounds import (
     ALL_ORACLES, REALISED, SIZED_CEILING, SIZED_DRAFT, STATIC_SIZED, TRUE_ROUTING, OracleMoeAware,
 )
+from moe_spec.experiments.bound_replay import BOUNDED
 from moe_spec.experiments.replay import (
-    BOUNDS, CEILING, check_greedy_trace, measured_cost_error, recorded_step, simulate, summarise, unique_experts,
+    BOUNDS, CEILING, bound_arms, check_greedy_trace, draft_factor, measured_cost_error, recorded_step, simulate, summarise,
+    unique_experts,
 )
+from moe_spec.policy.bounded_controller import FIXED_ARMS
 from moe_spec.policy.selection import subset_verify_ms
 from moe_spec.experiments.trace_file import TraceError, read_trace
 from moe_spec.core.target import TargetModel
@@ -133,7 +136,7 @@ def test_every_policy_verifies_a_connected_subtree_with_the_root(traced):
     assert set(BOUNDS) <= set(rate), "every bound is replayed beside the policies"
     assert all(rate[name] <= rate[CEILING] * (1 + 1e-9) for name in policies if name != "ar"), \
         "no policy beats the selection ceiling on a replay"
-    assert all(rate[name] <= rate[CEILING] * (1 + 1e-9) for name in (TRUE_ROUTING, REALISED)), \
+    assert all(rate[name] <= rate[CEILING] * (1 + 1e-9) for name in (TRUE_ROUTING, REALISED, BOUNDED)), \
         "oracles that pay the replayed draft time stay under the ceiling that pays it too"
     assert rate[CEILING] <= rate[SIZED_CEILING] * (1 + 1e-9)
     assert all(rate[name] <= rate[SIZED_CEILING] * (1 + 1e-9) for name in (SIZED_DRAFT, STATIC_SIZED, ALL_ORACLES)), \
@@ -202,6 +205,32 @@ def test_the_decomposition_is_computed_from_the_replays(traced, capsys):
     free = simulate(trace, trace.profile(), CostModel.from_dict(PRICED), ["ar", "moe-aware", "static-best"], "zero")
     assert free[SIZED_DRAFT].figures["tokens_per_s"] == free["moe-aware"].figures["tokens_per_s"]
     assert free[SIZED_CEILING].figures["tokens_per_s"] == free[CEILING].figures["tokens_per_s"]
+
+
+def test_the_bound_is_replayed_from_its_arms_replays_and_named_beside_them(traced, capsys):
+    """Each step of the bound's replay is the step one of its arms replayed (the sizing with its gate
+    off, a fixed budget, or plain decoding), and the report says how it did against them."""
+    folder, _, trace = traced
+    profile = trace.profile()
+    cost = CostModel.from_dict(PRICED)
+    replays = simulate(trace, profile, cost, ["ar", *(f"static:{n}" for n in FIXED_ARMS), "moe-aware"])
+    bound = replays[BOUNDED]
+    assert len(bound.steps) == len(trace.steps)
+    factor = draft_factor("scaled", cost, profile.cost_model)
+    sized, fixed, plain = bound_arms(trace, replace(profile, cost_model=cost), factor, FIXED_ARMS)
+    assert all(fixed[n] == replays[f"static:{n}"].steps for n in FIXED_ARMS) and plain == replays["ar"].steps
+    for index, step in enumerate(bound.steps):
+        assert any(step == arm[index] for arm in [sized, plain, *fixed.values()])
+    figures = bound.figures
+    assert sum(figures["decisions"].values()) == pytest.approx(1.0, abs=1e-3)
+    assert set(figures["arm_tokens_per_s"]) == {"sized", "plain", *(f"static:{n}" for n in FIXED_ARMS)}
+    assert figures["arm_tokens_per_s"]["plain"] == replays["ar"].figures["tokens_per_s"]
+    assert figures["best_arm"] == max(figures["arm_tokens_per_s"], key=figures["arm_tokens_per_s"].get)
+    assert main(["simulate", "--trace", str(folder / "traces" / "trace.jsonl"), "--cost-model", str(folder / "priced.json"),
+                 "--methods", "ar,static-best,moe-aware"]) == 0
+    out = capsys.readouterr().out
+    assert f"{BOUNDED}: " in out and "its best arm in hindsight" in out
+    assert BOUNDED in json.loads(out.strip().splitlines()[-1])["results"][0]["speedup_vs_ar"]
 
 
 def test_a_cost_model_fitted_to_the_traced_verifies_predicts_them_on_average(traced):

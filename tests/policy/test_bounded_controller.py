@@ -46,12 +46,29 @@ def test_the_bandit_tries_each_arm_in_order_then_keeps_to_the_best():
     assert min(late_best) > 0.8 and sum(regret) / 10 < 0.04, (late_best, regret)
 
 
-def test_the_bandits_plays_of_a_worse_arm_grow_far_slower_than_the_steps():
-    first = second = 0
-    for seed in range(5):
-        chosen = _play(BudgetBandit(("best", "worse")), {"best": 1.0, "worse": 0.75}, 2000, seed)
-        first, second = first + chosen[:1000].count("worse"), second + chosen[1000:].count("worse")
-    assert first < 5 * 100 and second < first, (first, second)
+def test_the_bandits_plays_of_a_worse_arm_stay_few_and_grow_only_with_forgotten_evidence():
+    for horizon, most in ((None, 0.05), (128, 0.06)):
+        first = second = 0
+        for seed in range(5):
+            chosen = _play(BudgetBandit(("best", "worse"), horizon=horizon), {"best": 1.0, "worse": 0.75}, 2000, seed)
+            first, second = first + chosen[:1000].count("worse"), second + chosen[1000:].count("worse")
+        assert first < most * 5000 and second < most * 5000, (horizon, first, second)
+        if horizon is None:
+            assert second < first, "kept evidence: the worse arm's plays grow like the log of the steps"
+
+
+def test_an_arm_judged_on_unlucky_steps_is_judged_again_once_they_are_forgotten():
+    """Its first steps made 1 token each (a prompt that accepted nothing); it is the better arm."""
+    shares = {}
+    for horizon in (None, 128):
+        late = 0
+        for seed in range(5):
+            bandit = BudgetBandit(("good", "other"), horizon=horizon)
+            for _ in range(3):
+                bandit.record(ONE_ROW, "good", 1.0, 3.0)
+            late += _play(bandit, {"good": 1.0, "other": 0.8}, 1000, seed)[500:].count("good")
+        shares[horizon] = late / 2500
+    assert shares[128] > 0.8 and shares[128] > shares[None] + 0.2, shares
 
 
 def test_regimes_are_measured_apart_and_a_new_regime_starts_by_trying_every_arm():
@@ -144,7 +161,7 @@ def test_credits_from_larger_budgets_cut_the_cost_of_exploring_the_smaller_ones(
     (with_credit, best), (without, _) = ([sum(x) for x in zip(*(_nested_play(credit, seed) for seed in range(20)))]
                                          for credit in (True, False))
     regret, regret_alone = 1 - with_credit / best, 1 - without / best
-    assert regret < 0.02 and regret < 0.7 * regret_alone, (regret, regret_alone)
+    assert regret < 0.03 and regret < 0.8 * regret_alone, (regret, regret_alone)
 
 
 def test_credited_tokens_enter_the_rate_without_counting_as_plays():

@@ -1,0 +1,77 @@
+"""The bound replayed on known per-step outcomes: it finds the best arm, and credits what steps tell."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from moe_spec.experiments.bound_replay import BoundSettings, replay_bound
+from moe_spec.experiments.replay import ReplayedStep
+from moe_spec.policy.bounded_controller import FIXED_ARMS, PLAIN, SIZED
+
+STEPS = 1200
+
+
+def outcomes(tokens_of, ms: float, seed: int) -> list[ReplayedStep]:
+    """One arm's replayed steps: `tokens_of(rng)` tokens at `ms` each."""
+    rng = random.Random(seed)
+    return [ReplayedStep((0,), tokens_of(rng), ms, 0.0, (4,)) for _ in range(STEPS)]
+
+
+def nested_arms(acceptance: list[float], ms_of_nodes) -> dict[int, list[ReplayedStep]]:
+    """Fixed budgets whose trees nest, as EAGLE-2's top nodes do: on each step a budget of n nodes
+    accepts the first min(n, depth reached) of a chain drawn once for all of them."""
+    rng = random.Random(7)
+    reached = []
+    for _ in range(STEPS):
+        depth = 0
+        while depth < len(acceptance) and rng.random() < acceptance[depth]:
+            depth += 1
+        reached.append(depth)
+    return {n: [ReplayedStep((0,), 1 + min(n, d), ms_of_nodes(n), 0.0, (4,)) for d in reached] for n in FIXED_ARMS}
+
+
+def rate(steps: list[ReplayedStep]) -> float:
+    return sum(s.tokens for s in steps) / sum(s.verify_ms + s.draft_ms for s in steps)
+
+
+def test_the_bound_settles_on_the_best_fixed_budget_and_stays_near_its_rate():
+    fixed = nested_arms([0.9, 0.9, 0.1, 0.1, 0.1, 0.1], lambda n: 10.0 + 2.0 * n)  # static:2 best by 11%
+    sized = outcomes(lambda rng: 1 + int(rng.random() < 0.5), 14.0, seed=1)  # worse than every budget but one
+    plain = outcomes(lambda rng: 1, 10.0, seed=2)
+    chosen, decisions = replay_bound([i // 40 for i in range(STEPS)], sized, fixed, plain, BoundSettings())
+    best = max(fixed, key=lambda n: rate(fixed[n]))
+    assert len(chosen) == STEPS and sum(decisions.values()) == STEPS
+    assert decisions.most_common(1)[0][0] == f"static:{best}"
+    assert rate(chosen) >= 0.93 * rate(fixed[best])
+    assert decisions[SIZED] < 0.1 * STEPS and decisions[PLAIN] < 0.1 * STEPS
+
+
+def test_every_step_is_one_arms_outcome_and_jitter_moves_only_its_time():
+    fixed = nested_arms([0.6] * 6, lambda n: 10.0 + n)
+    sized = outcomes(lambda rng: 2, 12.0, seed=1)
+    plain = outcomes(lambda rng: 1, 9.0, seed=2)
+    prompts = [i // 50 for i in range(STEPS)]
+    exact, _ = replay_bound(prompts, sized, fixed, plain)
+    arms = [sized, plain, *fixed.values()]
+    assert all(any(step == arm[i] for arm in arms) for i, step in enumerate(exact))
+    jittered, _ = replay_bound(prompts, sized, fixed, plain, BoundSettings(noise=0.1))
+    assert any(a.verify_ms != b.verify_ms for a, b in zip(exact, jittered))
+    assert all(any(step.tokens == arm[i].tokens and step.keep == arm[i].keep for arm in arms) for i, step in enumerate(jittered))
+
+
+def test_plain_decoding_wins_where_no_draft_pays():
+    fixed = nested_arms([0.05] * 6, lambda n: 15.0 + 2 * n)
+    sized = outcomes(lambda rng: 1, 16.0, seed=1)
+    plain = outcomes(lambda rng: 1, 10.0, seed=2)
+    chosen, decisions = replay_bound([i // 40 for i in range(STEPS)], sized, fixed, plain)
+    assert decisions.most_common(1)[0][0] == PLAIN
+    assert rate(chosen) >= 0.9 * rate(plain)
+
+
+def test_a_missing_fixed_budget_is_refused():
+    fixed = nested_arms([0.5] * 6, lambda n: 10.0 + n)
+    del fixed[3]
+    with pytest.raises(ValueError, match=r"fixed budgets \[3\]"):
+        replay_bound([0] * STEPS, fixed[1], fixed, fixed[1])
