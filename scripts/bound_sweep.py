@@ -42,7 +42,7 @@ def main() -> None:
     parser.add_argument("--exploration", default="0.7")
     parser.add_argument("--window", default="32")
     parser.add_argument("--min-plays", default="3")
-    parser.add_argument("--horizon", default="256", help="steps after which evidence is forgotten (none: never)")
+    parser.add_argument("--horizon", default="none", help="steps after which evidence is forgotten (none: never, the default)")
     parser.add_argument("--fixed", default=",".join(map(str, FIXED_ARMS)), help="the fixed budgets, in the order tried")
     parser.add_argument("--noise", type=float, default=0.08, help="relative spread of each step's ms (lognormal)")
     parser.add_argument("--seeds", type=int, default=20)
