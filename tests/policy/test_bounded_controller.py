@@ -47,7 +47,7 @@ def test_the_bandit_tries_each_arm_in_order_then_keeps_to_the_best():
 
 
 def test_the_bandits_plays_of_a_worse_arm_stay_few_and_grow_only_with_forgotten_evidence():
-    for horizon, most in ((None, 0.05), (128, 0.06)):
+    for horizon, most in ((None, 0.05), (128, 0.08)):
         first = second = 0
         for seed in range(5):
             chosen = _play(BudgetBandit(("best", "worse"), horizon=horizon), {"best": 1.0, "worse": 0.75}, 2000, seed)
@@ -68,7 +68,7 @@ def test_an_arm_judged_on_unlucky_steps_is_judged_again_once_they_are_forgotten(
                 bandit.record(ONE_ROW, "good", 1.0, 3.0)
             late += _play(bandit, {"good": 1.0, "other": 0.8}, 1000, seed)[500:].count("good")
         shares[horizon] = late / 2500
-    assert shares[128] > 0.8 and shares[128] > shares[None] + 0.2, shares
+    assert shares[128] > 0.7 and shares[128] > shares[None] + 0.5, shares
 
 
 def test_regimes_are_measured_apart_and_a_new_regime_starts_by_trying_every_arm():
