@@ -23,12 +23,12 @@ from moe_spec.experiments.trace_file import read_trace
 from moe_spec.policy.bounded_controller import FIXED_ARMS
 
 
-def arms_of(path: str) -> tuple[list[int], dict]:
+def arms_of(path: str, fixed_nodes=FIXED_ARMS) -> tuple[list[int], dict]:
     """Each step's prompt and every arm's replayed steps on the trace at `path` (greedy)."""
     trace = read_trace(path)
     if not trace.greedy:
         raise SystemExit(f"{path}: a sampled trace; the bound is replayed on greedy traces only")
-    sized, fixed, plain = bound_arms(trace, trace.profile(), 1.0, FIXED_ARMS)
+    sized, fixed, plain = bound_arms(trace, trace.profile(), 1.0, fixed_nodes)
     return [step.rows[0] for step in trace.steps], {"sized": sized, "fixed": fixed, "plain": plain}
 
 
@@ -56,7 +56,7 @@ def main() -> None:
     results = {}
     fixed = tuple(int(n) for n in args.fixed.split(","))
     for path in args.trace:
-        prompts, arms = arms_of(path)
+        prompts, arms = arms_of(path, fixed)
         arms["sized"] = [replace(s, verify_ms=s.verify_ms * args.sized_scale, draft_ms=s.draft_ms * args.sized_scale)
                          for s in arms["sized"]]
         print("arms (replayed tok/s): " + ", ".join(

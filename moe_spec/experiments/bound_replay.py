@@ -56,8 +56,8 @@ def replay_bound(prompts: Sequence[int], sized: Sequence, fixed: dict[int, Seque
     missing = [n for n in settings.fixed if n not in fixed]
     if missing:
         raise ValueError(f"no replay of the fixed budgets {missing}")
-    arms = {SIZED: sized, **{f"static:{n}": fixed[n] for n in settings.fixed}, PLAIN: plain}
     nodes = {f"static:{n}": n for n in settings.fixed}
+    arms = {SIZED: sized, **{name: fixed[n] for name, n in nodes.items()}, PLAIN: plain}
     bandit = BudgetBandit(tuple(arms), exploration=settings.exploration, window=settings.window,
                           min_plays=settings.min_plays, horizon=settings.horizon)
     key = RegimeKey(0.0, 0, 1.0, 1)  # one regime: the trace's
