@@ -17,7 +17,7 @@ import torch
 
 from moe_spec.cli.defaults import field_defaults
 from moe_spec.errors import InputError
-from moe_spec.cli.option_types import non_negative_int, positive_float, positive_int, seed
+from moe_spec.cli.option_types import fraction, non_negative_int, positive_float, positive_int, seed
 from moe_spec.training.train_draft import DraftTrainSettings, load_target, text_data, train_draft
 
 DEFAULTS = field_defaults(DraftTrainSettings)
@@ -42,6 +42,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--prompts", nargs="+", default=None, help="text files to train on instead of the corpus")
     parser.add_argument("--threads", type=positive_int, default=DEFAULT_THREADS, help="torch CPU threads")
     parser.add_argument("--batch-size", type=positive_int, default=DEFAULTS["batch_size"])
+    parser.add_argument("--prompt-len", type=_prompt_len, default=DEFAULTS["prompt_len"],
+                        help="tokens of corpus text each training row starts from")
+    parser.add_argument("--continuation-len", type=non_negative_int, default=DEFAULTS["continuation_len"],
+                        help="tokens the target generates after each row's corpus text (the text the head drafts at run time)")
+    parser.add_argument("--sampled-share", type=fraction, default=DEFAULTS["sampled_share"],
+                        help="share of rows the target continues by sampling at temperature 1 (the rest greedily)")
     parser.add_argument("--ttt-steps", type=positive_int, default=DEFAULTS["ttt_steps"], help="passes of the training-time test")
     parser.add_argument("--head-intermediate", type=non_negative_int, default=DEFAULTS["head_intermediate"],
                         help="the head's MLP width (0: 4 x hidden)")
@@ -52,6 +58,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--lr", type=positive_float, default=DEFAULTS["lr"], help="peak learning rate (cosine schedule)")
     parser.add_argument("--aux-layers", type=_layer_ids, default=None,
                         help="the target hidden states the head fuses, e.g. 2,4,7 (default: EAGLE's 2, N//2, N-3)")
+
+
+def _prompt_len(text: str) -> int:
+    value = positive_int(text)
+    if value < 2:
+        raise argparse.ArgumentTypeError(f"expected at least 2 tokens, got {text!r}")
+    return value
 
 
 def _layer_ids(text: str) -> tuple[int, ...]:
@@ -68,7 +81,8 @@ def settings_from_args(args: argparse.Namespace) -> DraftTrainSettings:
     return DraftTrainSettings(
         out=args.out, minutes=args.minutes, steps=args.steps, seed=args.seed, draft_vocab=args.draft_vocab,
         batch_size=args.batch_size, ttt_steps=args.ttt_steps, head_intermediate=args.head_intermediate,
-        aux_layers=args.aux_layers, init=args.init, lr=args.lr,
+        aux_layers=args.aux_layers, init=args.init, lr=args.lr, prompt_len=args.prompt_len,
+        continuation_len=args.continuation_len, sampled_share=args.sampled_share,
     )
 
 

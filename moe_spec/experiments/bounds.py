@@ -152,10 +152,11 @@ class OracleMoeAware(MoeAwareController):
         experts = step.experts()  # [L, N, K]
         return torch.nn.functional.one_hot(experts, step.routing.num_experts).amax(2).float()  # [L, N, E]
 
-    def values_of(self, forest: StepForest) -> list[torch.Tensor]:
+    def _value_rows(self, forest: StepForest) -> list[list[float]]:
+        # the one source of node values: the sizing grows from these, `values_of` reads them
         if not self.realised_acceptance:
-            return super().values_of(forest)
-        return [self._recorded(StepForest.of(forest)).on_path().double()]  # [N], root 1
+            return super()._value_rows(forest)
+        return [[float(v) for v in self._recorded(StepForest.of(forest)).on_path().tolist()]]  # [N], root 1
 
 
 def _ratio(numerator: float | None, denominator: float | None) -> float | None:

@@ -174,6 +174,9 @@ def test_true_routing_prices_every_choice_exactly_and_realised_acceptance_expect
         assert subset_verify_ms(cost, list(chosen.keep), probs) == pytest.approx(chosen.verify_ms, rel=1e-12)
     realised = replays[REALISED].figures
     assert realised["predicted_accept_len"] == realised["mean_accept_len"]
+    # told the outcome, the sizing verifies nothing off the accepted path: every verified node is accepted
+    for step, chosen in zip(trace.steps, replays[REALISED].steps):
+        assert chosen.tokens == len(chosen.keep), "a verified node off the recorded path"
     assert replays["moe-aware"].figures["predicted_accept_len"] > 1.0
     assert replays[REALISED].figures["tokens_per_s"] <= replays[CEILING].figures["tokens_per_s"] * (1 + 1e-9)
 

@@ -99,6 +99,10 @@ def test_command_line_arguments_default_to_the_settings():
     assert (args.steps, args.draft_vocab, args.prompts, args.seed) == (7, 512, ["a.py", "b.py"], 0)
     defaults = DraftTrainSettings(out="o", steps=7, draft_vocab=512)
     assert train_draft_command.settings_from_args(args) == defaults
+    data_args = parser.parse_args(["--target", "t", "--out", "o", "--prompt-len", "64", "--continuation-len", "48",
+                                   "--sampled-share", "0.25"])
+    assert train_draft_command.settings_from_args(data_args) == DraftTrainSettings(
+        out="o", prompt_len=64, continuation_len=48, sampled_share=0.25)
 
 
 def test_training_leaves_the_callers_global_rng_and_threads_alone(tmp_path):
