@@ -6,6 +6,7 @@
 # Usage: scripts/controller_regimes.sh [REGIME...]   (default: every regime; --repeats via $REPEATS)
 set -euo pipefail
 cd "$(dirname "$0")/.."
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"  # this checkout's moe_spec, whatever the venv has installed
 PY=${PYTHON:-.venv/bin/python}
 OUT=analysis/results/controller_regimes
 REPEATS=${REPEATS:-1}
@@ -34,6 +35,8 @@ run() {
     t1) bench t1 --config configs/bench_default.yaml --temperature 1 ;;
     eager) bench eager --config configs/bench_default.yaml --experts-implementation eager ;;
     batch4) bench batch4 --config configs/bench_default.yaml --batch-size 4 ;;
+    batch16) bench batch16 --config configs/bench_default.yaml --batch-size 16 --limit 4 ;;  # one batch of 16 per set
+    threads1) bench threads1 --config configs/bench_default.yaml --threads 1 ;;
     offload16) profile_disk; bench offload16 --config configs/bench_offload.yaml ;;
     offload16_t1) profile_disk; bench offload16_t1 --config configs/bench_offload.yaml --temperature 1 ;;
     offload16_prefetch) profile_disk; bench offload16_prefetch --config configs/bench_offload.yaml --prefetch ;;

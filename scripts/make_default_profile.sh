@@ -10,6 +10,9 @@
 # Remake it whenever the embedded target or its draft head changes: every stage reads the head.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# the stages are scripts: without this they would import whichever moe_spec the venv has installed
+# (a non-editable install carries its own copy of the assets), not this checkout's
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 PYTHON=${PYTHON:-.venv/bin/python}
 OUT=${1:-runs/profile}
 PROMPTS=configs/bench/profile.jsonl

@@ -16,6 +16,7 @@ from pathlib import Path
 
 REGIMES = {
     "greedy": "greedy, B = 1", "t1": "T = 1, B = 1", "eager": "eager, greedy", "batch4": "greedy, B = 4",
+    "batch16": "greedy, B = 16", "threads1": "greedy, B = 1, one thread",
     "offload16": "offload C = 16, greedy", "offload16_t1": "offload C = 16, T = 1",
     "offload8": "offload C = 8, greedy", "offload32": "offload C = 32, greedy",
     "offload16_prefetch": "offload C = 16, greedy, read ahead",
