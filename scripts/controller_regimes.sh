@@ -29,11 +29,18 @@ profile_disk() {  # the shipped profile with this machine's fetch cost, for the 
     --max-prompts 8 --out analysis/results/offload/profile_disk.json
 }
 
+profile_eager() {  # the pair profiled with the eager experts kernel (experts cost about 3x more), for the eager regime
+  local out=runs/profile_eager/profile.json
+  [ -f $out ] && [ $out -nt moe_spec/assets/default_profile.json ] && return
+  "$PY" -m moe_spec.cli.main profile --config configs/profile_default.yaml --experts-implementation eager --out $out
+  "$PY" scripts/fit_head_routing.py --profile $out --prompts configs/bench/profile.jsonl --out $out
+}
+
 run() {
   case $1 in
     greedy) bench greedy --config configs/bench_default.yaml ;;
     t1) bench t1 --config configs/bench_default.yaml --temperature 1 ;;
-    eager) bench eager --config configs/bench_default.yaml --experts-implementation eager ;;
+    eager) profile_eager; bench eager --config configs/bench_default.yaml --experts-implementation eager --profile runs/profile_eager/profile.json ;;
     batch4) bench batch4 --config configs/bench_default.yaml --batch-size 4 ;;
     batch16) bench batch16 --config configs/bench_default.yaml --batch-size 16 --limit 4 ;;  # one batch of 16 per set
     threads1) bench threads1 --config configs/bench_default.yaml --threads 1 ;;
