@@ -43,9 +43,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--threads", type=positive_int, default=DEFAULT_THREADS, help="torch CPU threads")
     parser.add_argument("--batch-size", type=positive_int, default=DEFAULTS["batch_size"])
     parser.add_argument("--prompt-len", type=_prompt_len, default=DEFAULTS["prompt_len"],
-                        help="tokens of corpus text each training row starts from")
+                        help="tokens of text (the corpus, or --prompts) each training row starts from")
     parser.add_argument("--continuation-len", type=non_negative_int, default=DEFAULTS["continuation_len"],
-                        help="tokens the target generates after each row's corpus text (the text the head drafts at run time)")
+                        help="tokens the target generates after each row's text (the text the head drafts at run time)")
     parser.add_argument("--sampled-share", type=fraction, default=DEFAULTS["sampled_share"],
                         help="share of rows the target continues by sampling at temperature 1 (the rest greedily)")
     parser.add_argument("--ttt-steps", type=positive_int, default=DEFAULTS["ttt_steps"], help="passes of the training-time test")
