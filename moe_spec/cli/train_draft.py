@@ -48,6 +48,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="tokens the target generates after each row's text (the text the head drafts at run time)")
     parser.add_argument("--sampled-share", type=fraction, default=DEFAULTS["sampled_share"],
                         help="share of rows the target continues by sampling at temperature 1 (the rest greedily)")
+    parser.add_argument("--random-prompt-share", type=fraction, default=DEFAULTS["random_prompt_share"],
+                        help="share of rows that start from random tokens (of those the text holds) instead of text")
     parser.add_argument("--ttt-steps", type=positive_int, default=DEFAULTS["ttt_steps"], help="passes of the training-time test")
     parser.add_argument("--head-intermediate", type=non_negative_int, default=DEFAULTS["head_intermediate"],
                         help="the head's MLP width (0: 4 x hidden)")
@@ -83,6 +85,7 @@ def settings_from_args(args: argparse.Namespace) -> DraftTrainSettings:
         batch_size=args.batch_size, ttt_steps=args.ttt_steps, head_intermediate=args.head_intermediate,
         aux_layers=args.aux_layers, init=args.init, lr=args.lr, prompt_len=args.prompt_len,
         continuation_len=args.continuation_len, sampled_share=args.sampled_share,
+        random_prompt_share=args.random_prompt_share,
     )
 
 

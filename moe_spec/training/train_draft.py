@@ -55,6 +55,7 @@ class DraftTrainSettings:
     prompt_len: int = 96
     continuation_len: int = 32
     sampled_share: float = 0.5  # rows continued by sampling at temperature 1; the rest greedily
+    random_prompt_share: float = 0.0  # rows that start from random tokens instead of text (then continue alike)
     ttt_steps: int = 3  # K passes of the training-time test
     ttt_decay: float = 0.8
     lr: float = 1e-3
@@ -70,8 +71,9 @@ class DraftTrainSettings:
             raise ValueError("steps must be positive")
         if self.ttt_steps < 1 or self.batch_size < 1 or self.prompt_len < 2 or self.continuation_len < 0:
             raise ValueError(f"invalid settings {self}")
-        if not 0.0 <= self.sampled_share <= 1.0:
-            raise ValueError("sampled_share must be in [0, 1]")
+        for name in ("sampled_share", "random_prompt_share"):
+            if not 0.0 <= getattr(self, name) <= 1.0:
+                raise ValueError(f"{name} must be in [0, 1], got {getattr(self, name)}")
         if not self.lr > 0:
             raise ValueError(f"lr must be positive, got {self.lr}")
 
@@ -90,6 +92,12 @@ def windows(stream: torch.Tensor, batch: int, length: int, generator: torch.Gene
     """[B, length] random windows of `stream`."""
     starts = torch.randint(0, len(stream) - length, (batch,), generator=generator)
     return torch.stack([stream[s : s + length] for s in starts.tolist()])
+
+
+def random_prompts(vocabulary: torch.Tensor, batch: int, length: int, generator: torch.Generator) -> torch.Tensor:
+    """[B, length] tokens drawn uniformly from `vocabulary` [V'] (a prompt no text predicts: the
+    target's states after it are unlike any a window of text gives, and users send such prompts)."""
+    return vocabulary[torch.randint(0, len(vocabulary), (batch, length), generator=generator)]
 
 
 @torch.no_grad()
@@ -183,7 +191,11 @@ class _Batches:
 
     def __init__(self, target: TargetModel, stream: torch.Tensor, settings: DraftTrainSettings, process: int):
         self.target, self.stream, self.settings, self.process = target, stream, settings, process
-        self.sampled = torch.arange(settings.batch_size) < round(settings.sampled_share * settings.batch_size)
+        rows = torch.arange(settings.batch_size)  # [B]
+        self.sampled = rows < round(settings.sampled_share * settings.batch_size)  # the first rows
+        # the last rows start from random tokens (greedy unless the shares overlap)
+        self.random_rows = rows >= settings.batch_size - round(settings.random_prompt_share * settings.batch_size)
+        self.vocabulary = torch.unique(stream)  # [V']: the ids text holds, so no special tokens
         self._kept: dict[int, torch.Tensor] = {}
 
     def __call__(self, step: int, keep: bool = False) -> torch.Tensor:
@@ -191,7 +203,10 @@ class _Batches:
             return self._kept.pop(step)
         s = self.settings
         generator = torch.Generator().manual_seed((s.seed * 1_000_003 + step) * 97 + self.process)
-        prompts = windows(self.stream, s.batch_size, s.prompt_len, generator)
+        prompts = windows(self.stream, s.batch_size, s.prompt_len, generator)  # [B, P]
+        if self.random_rows.any():
+            noise = random_prompts(self.vocabulary, int(self.random_rows.sum()), s.prompt_len, generator)
+            prompts[self.random_rows] = noise
         sequences = continue_with_target(self.target.model, prompts, s.continuation_len, self.sampled, generator)
         if keep:
             self._kept[step] = sequences

@@ -100,9 +100,31 @@ def test_command_line_arguments_default_to_the_settings():
     defaults = DraftTrainSettings(out="o", steps=7, draft_vocab=512)
     assert train_draft_command.settings_from_args(args) == defaults
     data_args = parser.parse_args(["--target", "t", "--out", "o", "--prompt-len", "64", "--continuation-len", "48",
-                                   "--sampled-share", "0.25"])
+                                   "--sampled-share", "0.25", "--random-prompt-share", "0.125"])
     assert train_draft_command.settings_from_args(data_args) == DraftTrainSettings(
-        out="o", prompt_len=64, continuation_len=48, sampled_share=0.25)
+        out="o", prompt_len=64, continuation_len=48, sampled_share=0.25, random_prompt_share=0.125)
+
+
+def test_random_prompt_rows_start_from_the_texts_tokens_in_no_order_the_text_has():
+    target = TargetModel(tiny_model("qwen3_moe"))
+    data = _data()
+    settings = _settings("unused", batch_size=4, prompt_len=24, continuation_len=3, random_prompt_share=0.5)
+    batches = train_draft._Batches(target, data.train, settings, process=0)
+    rows = batches(step=5)  # [4, 27]
+    assert rows.shape == (4, 27) and torch.equal(rows, batches(step=5))  # a pure function of the step
+    stream = data.train.tolist()
+    is_window = [any(stream[i : i + 24] == row[:24] for i in range(len(stream) - 24)) for row in rows.tolist()]
+    assert is_window == [True, True, False, False]  # the last half start from random tokens
+    assert set(rows[2:, :24].flatten().tolist()) <= set(data.train.tolist())
+    assert len(set(rows[2:, :24].flatten().tolist())) > 20  # drawn across the vocabulary, not one token
+    plain = train_draft._Batches(target, data.train, _settings("unused", batch_size=4, prompt_len=24,
+                                                                continuation_len=3), process=0)
+    assert torch.equal(plain(step=5)[:2, :24], rows[:2, :24])  # the text rows start alike with or without
+
+
+def test_a_share_outside_zero_to_one_is_refused_naming_it():
+    with pytest.raises(ValueError, match="random_prompt_share must be in"):
+        DraftTrainSettings(out="o", random_prompt_share=1.5)
 
 
 def test_training_leaves_the_callers_global_rng_and_threads_alone(tmp_path):
