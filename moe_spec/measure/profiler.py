@@ -11,6 +11,7 @@ calibration is fitted on every step and its reliability is cross-fitted (see `ca
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, replace
@@ -267,7 +268,7 @@ def _sweep(target: TargetModel, decoded: Decoded, settings: ProfileSettings, gen
     configs = grid_configs(target, settings.grid_tokens, settings.grid_experts)
     runs = grid_runs(target, prefill_cache(target, prefix), configs, generator)  # draws from `generator` first
     fit, heldout = decoded.split()
-    natural = _natural_trees(fit, heldout, settings.natural_trees)
+    natural = _natural_trees(fit, heldout, settings.natural_trees, generator)
     batched = _batched_passes([s for _, s in fit + heldout], settings, generator)
     # each run beside what its timing becomes
     plans = [(partial(TimedPass.of, "grid", "fit", tokens, unique=(unique,) * num_layers), run)
@@ -290,12 +291,21 @@ def _sweep(target: TargetModel, decoded: Decoded, settings: ProfileSettings, gen
     return SweepResult(sweep, heldout_natural)
 
 
-def _natural_trees(fit, heldout, count: int) -> list[NaturalTree]:
+def _natural_trees(fit, heldout, count: int, generator: torch.Generator) -> list[NaturalTree]:
     """Recorded verified trees (from (trace, step) pairs) to time on their own context, half from
-    held-out prompts."""
+    held-out prompts. Every other one is cut to a best-first prefix of a size drawn log-uniformly
+    from 1 to its own: the recorded trees are the drafter's whole candidate budget, while a
+    controller verifies from one node to that, most often a few."""
     half = count // 2
     chosen = [(pair, "fit") for pair in _spread(fit, count - half)] + [(pair, "heldout") for pair in _spread(heldout, half)]
-    return [NaturalTree(step.tree(), trace.context(step), split) for (trace, step), split in chosen]
+    trees = []
+    for index, ((trace, step), split) in enumerate(chosen):
+        tree = step.tree()
+        if index % 2:
+            size = int(math.exp(float(torch.rand((), generator=generator)) * math.log(len(tree))) + 0.5)
+            tree = tree.subtree(best_first_order(tree)[: min(max(size, 1), len(tree))])
+        trees.append(NaturalTree(tree, trace.context(step), split))
+    return trees
 
 
 def _spread(pairs: Sequence[tuple[PromptTrace, StepRecord]], count: int) -> list[tuple[PromptTrace, StepRecord]]:
