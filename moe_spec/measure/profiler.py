@@ -302,8 +302,9 @@ def _natural_trees(fit, heldout, count: int, generator: torch.Generator) -> list
     for index, ((trace, step), split) in enumerate(chosen):
         tree = step.tree()
         if index % 2:
+            # exp(u log n) with u in [0, 1) lies in [1, n), so the rounded size is in 1..n
             size = int(math.exp(float(torch.rand((), generator=generator)) * math.log(len(tree))) + 0.5)
-            tree = tree.subtree(best_first_order(tree)[: min(max(size, 1), len(tree))])
+            tree = tree.subtree(best_first_order(tree)[:size])
         trees.append(NaturalTree(tree, trace.context(step), split))
     return trees
 
