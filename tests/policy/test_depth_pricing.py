@@ -100,7 +100,7 @@ def test_moe_aware_prices_depths_of_top_candidates_only_and_counts_their_forward
     plan = controller.plan
 
     def watched(candidates, draft_ms):
-        budgets.append(controller._asked)
+        budgets.append((controller._asked, candidates.num_drafted > 0))
         return plan(candidates, draft_ms)
 
     controller.plan = watched
@@ -108,10 +108,11 @@ def test_moe_aware_prices_depths_of_top_candidates_only_and_counts_their_forward
     prompt = REPETITIVE_PROMPT * 2
     result = decoder.generate(torch.tensor([prompt]), max_new_tokens=24)
     assert torch.equal(result.sequences, hf_greedy(model, prompt, 24))
-    priced = [b for b in budgets if b.pricer is not None]
+    priced = [(b, drafted) for b, drafted in budgets if b.pricer is not None]
     assert priced, "after the first growth every top-candidate budget carries a pricer"
-    assert budgets[0].pricer is None, "nothing to price with before a growth and a measured draft"
-    assert all(b.pricer.forwards >= 1 for b in priced if not b.drafts_nothing)
+    assert budgets[0][0].pricer is None, "nothing to price with before a growth and a measured draft"
+    # a step with one token left drafts nothing whatever the budget (the engine skips the drafter)
+    assert all((b.pricer.forwards >= 1) == drafted for b, drafted in priced)
 
     sampled = MoeAwareController(profile, scheme="sampled")
     budgets.clear()
