@@ -50,6 +50,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="share of rows the target continues by sampling at temperature 1 (the rest greedily)")
     parser.add_argument("--random-prompt-share", type=fraction, default=DEFAULTS["random_prompt_share"],
                         help="share of rows that start from random tokens (of those the text holds) instead of text")
+    parser.add_argument("--repeat-prompt-share", type=fraction, default=DEFAULTS["repeat_prompt_share"],
+                        help="share of rows whose text window is followed by its own start, so the target copies it "
+                             "(with --random-prompt-share at most 1)")
     parser.add_argument("--ttt-steps", type=positive_int, default=DEFAULTS["ttt_steps"], help="passes of the training-time test")
     parser.add_argument("--head-intermediate", type=non_negative_int, default=DEFAULTS["head_intermediate"],
                         help="the head's MLP width (0: 4 x hidden)")
@@ -86,6 +89,7 @@ def settings_from_args(args: argparse.Namespace) -> DraftTrainSettings:
         aux_layers=args.aux_layers, init=args.init, lr=args.lr, prompt_len=args.prompt_len,
         continuation_len=args.continuation_len, sampled_share=args.sampled_share,
         random_prompt_share=args.random_prompt_share,
+        repeat_prompt_share=args.repeat_prompt_share,
     )
 
 

@@ -56,6 +56,7 @@ class DraftTrainSettings:
     continuation_len: int = 32
     sampled_share: float = 0.5  # rows continued by sampling at temperature 1; the rest greedily
     random_prompt_share: float = 0.0  # rows that start from random tokens instead of text (then continue alike)
+    repeat_prompt_share: float = 0.0  # rows whose text window is followed by its own start (the target then copies)
     ttt_steps: int = 3  # K passes of the training-time test
     ttt_decay: float = 0.8
     lr: float = 1e-3
@@ -71,9 +72,12 @@ class DraftTrainSettings:
             raise ValueError("steps must be positive")
         if self.ttt_steps < 1 or self.batch_size < 1 or self.prompt_len < 2 or self.continuation_len < 0:
             raise ValueError(f"invalid settings {self}")
-        for name in ("sampled_share", "random_prompt_share"):
+        for name in ("sampled_share", "random_prompt_share", "repeat_prompt_share"):
             if not 0.0 <= getattr(self, name) <= 1.0:
                 raise ValueError(f"{name} must be in [0, 1], got {getattr(self, name)}")
+        if self.random_prompt_share + self.repeat_prompt_share > 1.0:
+            raise ValueError(f"random_prompt_share + repeat_prompt_share must be at most 1 (each row starts one way), "
+                             f"got {self.random_prompt_share} + {self.repeat_prompt_share}")
         if not self.lr > 0:
             raise ValueError(f"lr must be positive, got {self.lr}")
 
@@ -98,6 +102,14 @@ def random_prompts(vocabulary: torch.Tensor, batch: int, length: int, generator:
     """[B, length] tokens drawn uniformly from `vocabulary` [V'] (a prompt no text predicts: the
     target's states after it are unlike any a window of text gives, and users send such prompts)."""
     return vocabulary[torch.randint(0, len(vocabulary), (batch, length), generator=generator)]
+
+
+def repeated_prompts(windows: torch.Tensor) -> torch.Tensor:
+    """[B, P] windows -> [B, P]: each window's first 3P/4 tokens, then its first P/4 again, so the
+    target's continuation copies the window onward (what a prompt quoting its own earlier text asks
+    for, and what the head cannot learn from windows of text, where a repeat is rare)."""
+    head = windows.shape[1] - windows.shape[1] // 4
+    return torch.cat([windows[:, :head], windows[:, : windows.shape[1] - head]], dim=1)
 
 
 @torch.no_grad()
@@ -194,7 +206,10 @@ class _Batches:
         rows = torch.arange(settings.batch_size)  # [B]
         self.sampled = rows < round(settings.sampled_share * settings.batch_size)  # the first rows
         # the last rows start from random tokens (greedy unless the shares overlap)
-        self.random_rows = rows >= settings.batch_size - round(settings.random_prompt_share * settings.batch_size)
+        random_from = settings.batch_size - round(settings.random_prompt_share * settings.batch_size)
+        self.random_rows = rows >= random_from
+        # the rows before them repeat their window's start
+        self.repeat_rows = (rows < random_from) & (rows >= random_from - round(settings.repeat_prompt_share * settings.batch_size))
         self.vocabulary = torch.unique(stream)  # [V']: the ids text holds, so no special tokens
         self._kept: dict[int, torch.Tensor] = {}
 
@@ -207,6 +222,8 @@ class _Batches:
         if self.random_rows.any():
             noise = random_prompts(self.vocabulary, int(self.random_rows.sum()), s.prompt_len, generator)
             prompts[self.random_rows] = noise
+        if self.repeat_rows.any():
+            prompts[self.repeat_rows] = repeated_prompts(prompts[self.repeat_rows])
         sequences = continue_with_target(self.target.model, prompts, s.continuation_len, self.sampled, generator)
         if keep:
             self._kept[step] = sequences

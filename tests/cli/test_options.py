@@ -43,6 +43,7 @@ from moe_spec.testing.tiny_models import tiny_model
     (["train-draft", "--head-intermediate", "-1"], "argument --head-intermediate: expected an integer >= 0"),
     (["train-draft", "--sampled-share", "1.5"], "argument --sampled-share: expected a number in [0, 1]"),
     (["train-draft", "--random-prompt-share", "-0.1"], "argument --random-prompt-share: expected a number in [0, 1]"),
+    (["train-draft", "--repeat-prompt-share", "2"], "argument --repeat-prompt-share: expected a number in [0, 1]"),
     (["train-draft", "--prompt-len", "1"], "argument --prompt-len: expected at least 2 tokens"),
     (["train-target", "--checkpoint-every-s", "inf"], "argument --checkpoint-every-s: expected a finite number"),
     (["make-tiny", "--seed", "4294967296"], "argument --seed: expected a seed in [0, 2**32)"),

@@ -100,9 +100,11 @@ def test_command_line_arguments_default_to_the_settings():
     defaults = DraftTrainSettings(out="o", steps=7, draft_vocab=512)
     assert train_draft_command.settings_from_args(args) == defaults
     data_args = parser.parse_args(["--target", "t", "--out", "o", "--prompt-len", "64", "--continuation-len", "48",
-                                   "--sampled-share", "0.25", "--random-prompt-share", "0.125"])
+                                   "--sampled-share", "0.25", "--random-prompt-share", "0.125",
+                                   "--repeat-prompt-share", "0.25"])
     assert train_draft_command.settings_from_args(data_args) == DraftTrainSettings(
-        out="o", prompt_len=64, continuation_len=48, sampled_share=0.25, random_prompt_share=0.125)
+        out="o", prompt_len=64, continuation_len=48, sampled_share=0.25, random_prompt_share=0.125,
+        repeat_prompt_share=0.25)
 
 
 def test_random_prompt_rows_start_from_the_texts_tokens_in_no_order_the_text_has():
@@ -122,9 +124,28 @@ def test_random_prompt_rows_start_from_the_texts_tokens_in_no_order_the_text_has
     assert torch.equal(plain(step=5)[:2, :24], rows[:2, :24])  # the text rows start alike with or without
 
 
+def test_repeat_rows_follow_their_window_with_its_own_start_and_leave_the_other_rows_alone():
+    target = TargetModel(tiny_model("qwen3_moe"))
+    data = _data()
+    settings = _settings("unused", batch_size=4, prompt_len=24, continuation_len=3, random_prompt_share=0.25,
+                         repeat_prompt_share=0.5)
+    rows = train_draft._Batches(target, data.train, settings, process=0)(step=5)  # [4, 27]
+    plain = train_draft._Batches(target, data.train, _settings("unused", batch_size=4, prompt_len=24,
+                                                                continuation_len=3), process=0)(step=5)
+    assert torch.equal(rows[0, :24], plain[0, :24]), "row 0 is text"
+    for b in (1, 2):  # the rows before the random one repeat
+        assert torch.equal(rows[b, :18], plain[b, :18]) and torch.equal(rows[b, 18:24], plain[b, :6])
+    stream = data.train.tolist()
+    assert not any(stream[i : i + 24] == rows[3, :24].tolist() for i in range(len(stream) - 24)), "row 3 is random"
+
+
 def test_a_share_outside_zero_to_one_is_refused_naming_it():
     with pytest.raises(ValueError, match="random_prompt_share must be in"):
         DraftTrainSettings(out="o", random_prompt_share=1.5)
+    with pytest.raises(ValueError, match="repeat_prompt_share must be in"):
+        DraftTrainSettings(out="o", repeat_prompt_share=-0.5)
+    with pytest.raises(ValueError, match="random_prompt_share \\+ repeat_prompt_share must be at most 1"):
+        DraftTrainSettings(out="o", random_prompt_share=0.5, repeat_prompt_share=0.75)
 
 
 def test_training_leaves_the_callers_global_rng_and_threads_alone(tmp_path):
