@@ -29,6 +29,7 @@ from moe_spec.errors import InputError
 from moe_spec.loading import load_drafter, load_target, load_tokenizer, model_folder
 from moe_spec.experiments.prompt_file import load_prompts
 from moe_spec.profile.artifact import Profile
+from moe_spec.profile.cost_model import CostModel
 from moe_spec.measure.latency import TimingConfig
 from moe_spec.measure.fetch_profile import fetch_stage
 from moe_spec.measure.profiler import ProfileSettings, build_profile
@@ -60,6 +61,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="of the timed repeats (both are stored); 'min' resists load from other jobs on a shared machine",
     )
     parser.add_argument("--per-layer-cost", action="store_true", help="fit one expert cost per MoE layer")
+    parser.add_argument("--loop-alignment", action=argparse.BooleanOptionalAction, default=SETTINGS["loop_alignment"],
+                        help="map the sweep's cost model onto verify passes timed in the decode loop, at every size "
+                             "a controller verifies (what the loop pays: weights warm, mean times); needs a drafter")
     parser.add_argument("--seed", type=seed, default=SETTINGS["seed"])
     add_offload_arguments(parser)  # with --offload: the profile also measures the fetch cost of that tier
     size = parser.add_argument_group("how much to measure (smaller: a quicker, rougher profile)")
@@ -123,6 +127,7 @@ def run(args: argparse.Namespace) -> dict:
         batch_sizes=args.batch_sizes,
         timing=TimingConfig(args.repeats, args.warmup, args.evict_mb, args.statistic),
         per_layer_cost=args.per_layer_cost,
+        loop_alignment=args.loop_alignment,
         seed=args.seed,
     )
     start = time.perf_counter()
@@ -155,6 +160,8 @@ def run(args: argparse.Namespace) -> dict:
         "heldout_p90_rel_error": report.get("heldout_natural_error", {}).get("p90"),
         "heldout_batched_median_rel_error": report.get("heldout_batched_error", {}).get("median"),
         "heldout_batched_p90_rel_error": report.get("heldout_batched_error", {}).get("p90"),
+        "loop_alignment": {k: v for k, v in report["loop_alignment"].items() if k != "sweep_model"}
+                          if "loop_alignment" in report else None,
         "calibration": profile.details.get("calibration"),
         "predictor_node_recall": profile.details.get("expert_predictor", {}).get("node_recall"),
         "plots": [str(p) for p in plots],
@@ -205,7 +212,9 @@ def write_plots(profile: Profile, folder: Path) -> list[Path]:
         written.append(folder / "latency_heatmap.png")
         plots.plot_latency_heatmap(sweep, written[-1])
     written.append(folder / "cost_model_residuals.png")
-    plots.plot_residuals(profile.cost_model, sweep, written[-1])
+    # the sweep's passes against the sweep's model (the profile's own is it mapped onto the loop)
+    loop = profile.details.get("cost_model_report", {}).get("loop_alignment")
+    plots.plot_residuals(CostModel.from_dict(loop["sweep_model"]) if loop else profile.cost_model, sweep, written[-1])
     if "routing_load" in profile.arrays:
         load = profile.arrays["routing_load"]
         written.append(folder / "expert_load.png")
@@ -232,6 +241,13 @@ def summary_table(profile: Profile) -> str:
     if held["n"]:
         rows.append(("cost error", f"held-out natural trees (n={held['n']}): median {held['median']:.1%}  p90 {held['p90']:.1%}  "
                                    f"R2 {report['r2_fit']:.3f} (tokens only {report['r2_tokens_only']:.3f})"))
+    loop = report.get("loop_alignment")
+    if loop is not None:
+        before, after = loop["heldout_loop_error_sweep_model"], loop["heldout_loop_error"]
+        rows.append(("loop alignment", f"sweep model x {loop['factor']:.3f} {loop['offset_ms']:+.3f} ms fixed, from "
+                                       f"{loop['passes'] - loop['dropped']} loop passes ({loop['dropped']} outliers left out); "
+                                       f"held-out loop passes (n={after['n']}): median error {before['median']:.1%} -> "
+                                       f"{after['median']:.1%}, p90 {before['p90']:.1%} -> {after['p90']:.1%}"))
     batched = report.get("heldout_batched_error", {"n": 0})
     if batched["n"]:
         without = report["heldout_batched_error_without_row_term"]

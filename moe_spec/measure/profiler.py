@@ -38,11 +38,13 @@ from moe_spec.measure.latency import (
     time_round_robin,
     verify_run,
 )
+from moe_spec.measure.loop_passes import loop_passes
 from moe_spec.measure.routing_stats import RoutingStats, best_first_order, unique_experts_curve
 from moe_spec.measure.sweep import LatencySweep, TimedPass
 from moe_spec.profile.artifact import ExpertPricing, Profile, fingerprint, hardware_description
 from moe_spec.profile.calibration import AcceptanceCalibration, NodeSamples, cross_fitted_report
 from moe_spec.profile.cost_model import CostModel, CostSample, r_squared, relative_errors
+from moe_spec.profile.loop_alignment import fit_loop_map
 from moe_spec.profile.expert_table import TokenExpertTable, evaluate_predictor
 from moe_spec.profile.unique_curve import UniqueExpertsCurve
 
@@ -69,6 +71,8 @@ class ProfileSettings:
     batched_passes: int = 8  # per batch size, half of them held out
     timing: TimingConfig = field(default_factory=TimingConfig)
     per_layer_cost: bool = False  # one expert cost per layer instead of one shared
+    # the sweep's model mapped onto passes timed in the decode loop (`moe_spec.profile.loop_alignment`)
+    loop_alignment: bool = True
     seed: int = 0
 
     def __post_init__(self):
@@ -170,6 +174,8 @@ def build_profile(
     calibration = _calibrate(decoded)
     swept = _sweep(target, decoded, settings, generator, progress)
     cost = _fit_cost(swept, routing.table if routing else None, settings)
+    if settings.loop_alignment and drafter is not None and decoded.steps:
+        cost = _aligned_to_loop(cost, target, drafter, prompts, decoded, settings, progress)
     details: dict = {"decoding": _decoding_summary(decoded.traces)}
     if routing is not None:
         details["routing"], details["expert_predictor"] = routing.summary, routing.predictor_report
@@ -360,6 +366,26 @@ def _fit_cost(swept: SweepResult, table: TokenExpertTable | None, settings: Prof
                       for tree, timed in swept.heldout_natural]
             report[f"heldout_natural_error_predicted_experts_{pricing.value}"] = _summary(errors)
     return CostFit(model, report)
+
+
+def _aligned_to_loop(cost: CostFit, target: TargetModel, drafter: Drafter, prompts, decoded: Decoded,
+                     settings: ProfileSettings, progress: Progress) -> CostFit:
+    """`cost` mapped onto the loop's own passes of the fit prompts; the report compares both
+    models on the held-out prompts' loop passes."""
+    tick = progress("timing verify passes in the decode loop", len(prompts))
+    passes = loop_passes(target, drafter, prompts, decoded.held_out, settings.max_new_tokens,
+                         settings.candidate_budget, tick)
+    mapping = fit_loop_map(cost.model, passes.fit or passes.heldout)
+    aligned = mapping.apply(cost.model)
+    report = dict(cost.report)
+    report["loop_alignment"] = {
+        **mapping.to_dict(),
+        "sweep_model": cost.model.to_dict(),
+        "heldout_loop_error_sweep_model": _errors(cost.model, passes.heldout),
+        "heldout_loop_error": _errors(aligned, passes.heldout),
+        "heldout_loop_passes": len(passes.heldout),
+    }
+    return CostFit(aligned, report)
 
 
 def _summary(errors: Sequence[float]) -> dict:
