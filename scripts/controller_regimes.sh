@@ -34,6 +34,8 @@ profile_eager() {  # the pair profiled with the eager experts kernel (experts co
   [ -f $out ] && [ $out -nt moe_spec/assets/default_profile.json ] && return
   "$PY" -m moe_spec.cli.main profile --config configs/profile_default.yaml --experts-implementation eager --out $out
   "$PY" scripts/fit_head_routing.py --profile $out --prompts configs/bench/profile.jsonl --out $out
+  "$PY" scripts/profile_arm_rates.py --profile $out --prompts configs/bench/profile.jsonl --experts-implementation eager \
+    --settings temperature=0
 }
 
 run() {

@@ -6,7 +6,9 @@
 #
 # 1. `moe-spec profile`: cost model, latency grid, greedy acceptance calibration, routing, token table;
 # 2. `scripts/profile_sampling.py`: acceptance per sampling setting and candidate scheme;
-# 3. `scripts/fit_head_routing.py`: the routing predictor over the draft head's outputs.
+# 3. `scripts/fit_head_routing.py`: the routing predictor over the draft head's outputs;
+# 4. `scripts/profile_arm_rates.py`: each arm of moe-aware's bound measured (its bandit's prior), last
+#    because the sizing arm prices with everything before it.
 # Remake it whenever the embedded target or its draft head changes: every stage reads the head.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -19,6 +21,8 @@ PROMPTS=configs/bench/profile.jsonl
 "$PYTHON" -m moe_spec.cli.main profile --config configs/profile_default.yaml --out "$OUT/default_profile.json" --plots "$OUT/plots"
 "$PYTHON" scripts/profile_sampling.py --profile "$OUT/default_profile.json" --prompts "$PROMPTS" --settings 1.0 0.7:0.9
 "$PYTHON" scripts/fit_head_routing.py --profile "$OUT/default_profile.json" --prompts "$PROMPTS" --out "$OUT/default_profile.json"
+"$PYTHON" scripts/profile_arm_rates.py --profile "$OUT/default_profile.json" --prompts "$PROMPTS" \
+  --settings temperature=0 temperature=1 temperature=0.7,top_p=0.9
 cp "$OUT/default_profile.json" moe_spec/assets/default_profile.json
 cp "$OUT/default_profile.npz" moe_spec/assets/default_profile.npz
 echo "wrote moe_spec/assets/default_profile.json and .npz from $OUT"

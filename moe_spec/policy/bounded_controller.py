@@ -7,7 +7,8 @@ plain decoding has beaten it. So the sizing is one arm of a `BudgetBandit` whose
 plain decoding and a few fixed budgets (`static:N`, run exactly as the `static:N` method runs), and
 each step is decided by the arm of highest upper confidence bound on its measured throughput. The
 sizing decides as long as it measures at least as well as the best of them; the plain arm replaces
-the sizing's own pause-and-probe gate.
+the sizing's own pause-and-probe gate. Where the profile measured the arms on its own prompts
+(`Profile.arm_rates`), the bandit starts from those rates instead of playing every arm to judge it.
 
 The fixed budgets take the shape their method gives the request's candidates: EAGLE-2's depth and
 branching (`static:N`) for top candidates, a chain (`chain:N`) for sampled ones, whose sampled
@@ -41,7 +42,8 @@ from moe_spec.policy.static import StaticController
 
 SIZED = "sized"  # the arm of the cost model's per-step sizing
 PLAIN = "plain"  # the arm of plain decoding
-# fixed budgets beside the sizing, tried in this order before any is judged: the best fixed trees
+# fixed budgets beside the sizing, tried in this order before any is judged (where the profile
+# measured no arm rates): the best fixed trees
 # measured on this project's pairs sit at 1-4 nodes (offloaded, sampled) and 3-6 (greedy, eager,
 # batches); plain decoding last. Each arm costs the steps that measure it, but a larger budget's
 # steps tell the smaller ones' tokens (`fewer_nodes`), so a smaller budget needs only a step of its
@@ -49,6 +51,14 @@ PLAIN = "plain"  # the arm of plain decoding
 FIXED_ARMS = (4, 2, 1, 6, 3)
 # a request's first steps, decided but not judged (see `observe`)
 SETTLE_STEPS = 4
+
+
+def measured_priors(sizing: MoeAwareController) -> dict[RegimeKey, dict[str, float]]:
+    """The arms' rates the profile measured, per regime (`moe_spec.profile.arm_rates`); none where
+    the experts are offloaded: the profile measured them resident, and misses reorder the arms."""
+    if sizing.residency is not None:
+        return {}
+    return {RegimeKey.of(entry.sampling, entry.rows): dict(entry.rates) for entry in sizing.profile.arm_rates}
 
 
 class BoundedController:
@@ -66,7 +76,7 @@ class BoundedController:
         chains = {f"chain:{n}": StaticController(TreeBudget(n, n, 1), sizing.scheme, profile) for n in fixed}
         self._shapes = {False: trees, True: chains}  # sampled candidates -> the fixed budgets' methods
         self._static = trees  # the request's, set by `begin`
-        self.bandit = bandit or BudgetBandit((SIZED, *trees, *chains, PLAIN))
+        self.bandit = bandit or BudgetBandit((SIZED, *trees, *chains, PLAIN), priors=measured_priors(sizing))
         unknown = set(self.bandit.arms) - {SIZED, PLAIN, *trees, *chains}
         if unknown:
             raise ValueError(f"the bandit's arms {sorted(unknown)} are none of {SIZED!r}, {PLAIN!r} or the fixed budgets")
@@ -145,8 +155,14 @@ class BoundedController:
         credits.update({name: told[nodes] for name, nodes in smaller.items() if nodes in told})
         return tokens, credits
 
+    @property
+    def allowed_arms(self) -> tuple[str, ...]:
+        """The arms that may decide the request begun last: the sizing, the fixed budgets in the
+        shape of its candidates, plain decoding."""
+        return (SIZED, *self._static, PLAIN)
+
     def _choose(self) -> str:
-        return self.bandit.choose(self._key(self._rows), allowed=(SIZED, *self._static, PLAIN))
+        return self.bandit.choose(self._key(self._rows), allowed=self.allowed_arms)
 
     def _key(self, rows: int) -> RegimeKey:
         return RegimeKey.of(self._sampling, rows)

@@ -23,9 +23,17 @@ change grows like the log of the steps, but an arm judged on unlucky steps can s
 The statistics persist across `generate` calls of one process, per regime (`RegimeKey`: the
 sampling settings and the batch's row count in powers of two), because which arm wins is a
 property of the target, drafter, machine and regime, not of one request: a new request starts
-from what the earlier ones measured. The arms' order is the prior: before any is judged, each
-decides steps in that order until `min_plays` steps told its tokens, at least one of them its own
-(its time is known only from its own steps; a credited arm needs no more of them to be judged).
+from what the earlier ones measured. Without a measured prior, the arms' order is the prior:
+before any is judged, each decides steps in that order until `min_plays` steps told its tokens, at
+least one of them its own (its time is known only from its own steps; a credited arm needs no more
+of them to be judged).
+
+A measured prior (`priors`: per regime, each arm's rate as the profile measured it on its own
+prompts, `moe_spec.measure.arm_rates`) replaces that order: an arm it covers is not played to be
+judged, its rate counts as `prior_steps` steps of its own, and its scale is the run's: the prior
+rates are multiplied by what the arms played so far measured against them (the machine may run
+faster or slower than when profiled; the arms' ratios are what carries over). So arms the profile
+found far worse are left alone, and arms near the best are tried as their bonus says.
 """
 
 from __future__ import annotations
@@ -45,6 +53,7 @@ EXPLORATION = 0.7
 WINDOW = 32
 MIN_PLAYS = 3
 HORIZON = None
+PRIOR_STEPS = 4  # a profile's measured rate of an arm weighs as much as this many of its own steps
 
 
 class RegimeKey(NamedTuple):
@@ -208,12 +217,19 @@ class BudgetBandit:
     """
 
     def __init__(self, arms: tuple[str, ...], exploration: float = EXPLORATION, window: int = WINDOW,
-                 min_plays: int = MIN_PLAYS, horizon: int | None = HORIZON):
+                 min_plays: int = MIN_PLAYS, horizon: int | None = HORIZON,
+                 priors: dict[RegimeKey, dict[str, float]] | None = None, prior_steps: int = PRIOR_STEPS):
         if not arms:
             raise ValueError("a bandit needs at least one arm")
         if horizon is not None and horizon < 1:
             raise ValueError(f"horizon must be a positive number of steps or None, got {horizon}")
+        if prior_steps < 1:
+            raise ValueError(f"prior_steps must be at least 1, got {prior_steps}")
         self.arms = tuple(arms)
+        # regime -> arm -> tokens per ms the profile measured (arms this bandit has, rates > 0)
+        self.priors = {key: {arm: float(rate) for arm, rate in rates.items() if arm in self.arms and rate > 0}
+                       for key, rates in (priors or {}).items()}
+        self.prior_steps = prior_steps
         self.exploration = exploration
         self.window = window
         self.min_plays = min_plays  # steps that tell each arm's tokens before any is judged
@@ -239,11 +255,14 @@ class BudgetBandit:
         if self.horizon is not None:
             for arm in candidates:
                 windows[arm].forget_before(self._clock.get(key, 0) - self.horizon)
+        prior = self.priors.get(key, {})
         for arm in candidates:
             # an arm whose steps were all forgotten is played once again: it was judged before
-            if not windows[arm].plays or windows[arm].told < self.min_plays:
+            if arm not in prior and (not windows[arm].plays or windows[arm].told < self.min_plays):
                 return arm
         total = sum(windows[arm].plays for arm in candidates)
+        if not total:  # every arm has a prior and none has played: the profile's best
+            return max(candidates, key=prior.__getitem__)
         # the bonus is on one scale for every arm (the pooled rate and spreads): a bonus relative
         # to an arm's own rate never lifted an arm whose first steps were unlucky back into play
         rate = self._pooled_rate(windows, candidates)
@@ -252,13 +271,29 @@ class BudgetBandit:
                         ratio_spread)
         tokens_part = ratio_spread ** 2 - ms_spread ** 2  # the part of the error that credits shrink
         log_term = math.log(max(total, 2))
+        scale = self._prior_scale(windows, candidates, prior)
 
         def index(arm: str) -> float:
-            window = windows[arm]
-            error = tokens_part / len(window.tokens_window) + ms_spread ** 2 / window.plays
-            return window.rate + self.exploration * rate * math.sqrt(log_term * error)
+            window, weight = windows[arm], self.prior_steps if arm in prior else 0
+            if not window.plays:  # an arm with a prior only
+                return scale * prior[arm] + self.exploration * rate * math.sqrt(log_term * ratio_spread ** 2 / weight)
+            mean = (window.rate * window.plays + scale * prior[arm] * weight) / (window.plays + weight) if weight \
+                else window.rate
+            error = tokens_part / (len(window.tokens_window) + weight) + ms_spread ** 2 / (window.plays + weight)
+            return mean + self.exploration * rate * math.sqrt(log_term * error)
 
         return max(candidates, key=index)
+
+    @staticmethod
+    def _prior_scale(windows: dict[str, ArmWindow], arms: list[str], prior: dict[str, float]) -> float:
+        """What the run measures against the profile: the plays-weighted mean, over played arms with
+        a prior, of measured rate / prior rate (1.0 before any of them has played)."""
+        measured = plays = 0.0
+        for arm in arms:
+            if arm in prior and windows[arm].plays:
+                measured += windows[arm].plays * windows[arm].rate / prior[arm]
+                plays += windows[arm].plays
+        return measured / plays if plays else 1.0
 
     @staticmethod
     def _pooled_rate(windows: dict[str, ArmWindow], arms: list[str]) -> float:

@@ -38,6 +38,7 @@ from moe_spec.profile.cost_model import CostModel
 from moe_spec.errors import MoeSpecError
 from moe_spec.core.sampling import SamplingConfig
 from moe_spec.profile.calibration import AcceptanceCalibration
+from moe_spec.profile.arm_rates import ArmRates
 from moe_spec.profile.sampling_acceptance import (SchemeChoice, SettingAcceptance, calibration_for, chain_conditional_for,
                                                   preferred_scheme)
 from moe_spec.profile.expert_table import TokenExpertTable
@@ -174,6 +175,8 @@ class Profile:
     sampling_acceptance: tuple[SettingAcceptance, ...] = ()
     # a draft node's experts predicted from the head's output at its parent (None: not fitted)
     head_routing: HeadRouting | None = None
+    # each arm of moe-aware's bound measured per sampling setting (empty: not measured)
+    arm_rates: tuple[ArmRates, ...] = ()
 
     def __post_init__(self):
         if (self.expert_table is None) != (self.expert_pricing is None):
@@ -266,6 +269,7 @@ class Profile:
             ),
             "unique_experts_curve": self.unique_experts_curve.to_dict() if self.unique_experts_curve is not None else None,
             "sampling_acceptance": [entry.to_dict() for entry in self.sampling_acceptance],
+            "arm_rates": [entry.to_dict() for entry in self.arm_rates],
             **({"head_routing": {"kind": _HEAD_ROUTING_KIND, "keeps": self.head_routing.keeps.value,
                                  "arrays": sorted(self.head_routing.predictor.arrays()), "report": self.head_routing.report}}
                if self.head_routing is not None else {}),
@@ -403,8 +407,12 @@ def _from_document(document: dict, path: Path) -> Profile:
     settings = document.get("sampling_acceptance") or []
     if not isinstance(settings, list):
         raise ProfileError(f"profile {path}: 'sampling_acceptance' is not a list")
+    arm_rates = document.get("arm_rates") or []
+    if not isinstance(arm_rates, list):
+        raise ProfileError(f"profile {path}: 'arm_rates' is not a list")
     return Profile(fp, document["hardware"], cost_model, calibration, table, pricing, curve, details, extras,
-                   int(document["schema_version"]), tuple(SettingAcceptance.from_dict(e) for e in settings), head_routing)
+                   int(document["schema_version"]), tuple(SettingAcceptance.from_dict(e) for e in settings), head_routing,
+                   tuple(ArmRates.from_dict(e) for e in arm_rates))
 
 
 def _read_sidecar(meta: dict, path: Path, fp: dict) -> dict[str, np.ndarray]:

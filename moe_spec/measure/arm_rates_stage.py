@@ -1,0 +1,74 @@
+"""The profile's arm stage: every arm of `moe-aware`'s bound decoding the profile's prompts on its
+own, per sampling setting, so that a live run's bandit starts from what each measured
+(`moe_spec.profile.arm_rates`) instead of playing every arm to judge it.
+
+Each arm runs as it runs live: a `BoundedController` over one shared sizing whose bandit holds that
+arm alone, so fixed budgets take the shape the request's candidates give them (`static:N` or
+`chain:N`), and the sizing learns across requests from its own and plain steps. A step counts from
+drafting to acceptance, as the bandit counts it, and a request's first `SETTLE_STEPS` not at all.
+The arms take turns prompt by prompt, in an order that rotates, so a slow spell of the machine
+falls on all of them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import torch
+
+from moe_spec.core.drafting import Drafter
+from moe_spec.core.engine import SpecDecoder
+from moe_spec.core.sampling import SamplingConfig
+from moe_spec.core.step_record import DecodeObserver, StepRecord
+from moe_spec.core.target import TargetModel
+from moe_spec.policy.bounded_controller import SETTLE_STEPS, BoundedController
+from moe_spec.policy.budget_bandit import BudgetBandit
+from moe_spec.policy.registry import build_controller
+from moe_spec.profile.arm_rates import ArmRates
+
+
+class _StepCounter(DecodeObserver):
+    def __init__(self):
+        self.records: list[tuple[float, float]] = []  # (tokens, ms) per step
+
+    def on_step(self, record: StepRecord) -> None:
+        ms = record.draft_ms + record.plan_ms + record.verify_ms + record.accept_ms
+        self.records.append((float(record.tokens_produced), ms))
+
+
+def arm_rates_stage(
+    target: TargetModel,
+    drafter: Drafter,
+    profile,  # the `Profile` the sizing prices with
+    prompts: Sequence[torch.Tensor],  # each [T] long
+    samplings: Sequence[SamplingConfig],
+    max_new_tokens: int,
+    seed: int = 0,
+    tick: Callable[[], None] = lambda: None,  # once per prompt and setting
+) -> tuple[ArmRates, ...]:
+    """One `ArmRates` per sampling setting, one row, every arm allowed for that setting."""
+    if max_new_tokens <= SETTLE_STEPS:
+        raise ValueError(f"max_new_tokens must exceed the {SETTLE_STEPS} settling steps, got {max_new_tokens}")
+    bounded = build_controller("moe-aware", lambda: profile)
+    entries = []
+    for sampling in samplings:
+        bounded.begin(drafter.default_budget, sampling)
+        arms = bounded.allowed_arms
+        made, spent, steps = dict.fromkeys(arms, 0.0), dict.fromkeys(arms, 0.0), dict.fromkeys(arms, 0)
+        for index, prompt in enumerate(prompts):
+            for arm in arms[index % len(arms):] + arms[: index % len(arms)]:
+                counter = _StepCounter()
+                controller = BoundedController(bounded.sizing, bandit=BudgetBandit((arm,)))
+                SpecDecoder(target, drafter, controller, observer=counter).generate(
+                    prompt[None], max_new_tokens=max_new_tokens, eos_token_id=[], temperature=sampling.temperature,
+                    top_k=sampling.top_k, top_p=sampling.top_p,
+                    generator=torch.Generator().manual_seed(seed * 1_000_003 + index))
+                for tokens, ms in counter.records[SETTLE_STEPS:]:
+                    made[arm] += tokens
+                    spent[arm] += ms
+                    steps[arm] += 1
+            tick()
+        measured = [arm for arm in arms if steps[arm] and spent[arm] > 0]
+        entries.append(ArmRates(sampling, 1, {arm: made[arm] / spent[arm] for arm in measured},
+                                {arm: steps[arm] for arm in measured}))
+    return tuple(entries)

@@ -1,0 +1,43 @@
+"""Each way of drafting that `moe-aware`'s bound chooses among, measured on the profile's prompts:
+the prior its bandit starts from (`moe_spec.policy.budget_bandit`).
+
+An entry holds, for one sampling setting and one batch size, each arm's rate (tokens made over
+milliseconds spent on the steps it decided, drafting to acceptance) and how many steps measured it.
+The rates are those of the machine the profile was made on, with every expert resident and the
+experts implementation profiled; the bandit carries over their ratios, not their level.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from moe_spec.core.sampling import SamplingConfig
+
+
+@dataclass(frozen=True)
+class ArmRates:
+    sampling: SamplingConfig
+    rows: int  # the batch's rows
+    rates: dict[str, float]  # arm -> tokens per ms
+    steps: dict[str, int]  # arm -> steps that measured it
+
+    def __post_init__(self):
+        if self.rows < 1:
+            raise ValueError(f"arm rates need at least one row, got {self.rows}")
+        bad = {arm: rate for arm, rate in self.rates.items() if not (math.isfinite(rate) and rate > 0)}
+        if bad:
+            raise ValueError(f"arm rates must be positive and finite, got {bad}")
+        if set(self.steps) != set(self.rates) or any(n < 1 for n in self.steps.values()):
+            raise ValueError("every arm's rate needs the positive number of steps that measured it")
+
+    def to_dict(self) -> dict:
+        s = self.sampling
+        return {"temperature": s.temperature, "top_k": s.top_k, "top_p": s.top_p, "rows": self.rows,
+                "rates": dict(self.rates), "steps": dict(self.steps)}
+
+    @staticmethod
+    def from_dict(data: dict) -> "ArmRates":
+        sampling = SamplingConfig(temperature=float(data["temperature"]), top_k=int(data["top_k"]), top_p=float(data["top_p"]))
+        return ArmRates(sampling, int(data["rows"]), {str(k): float(v) for k, v in data["rates"].items()},
+                        {str(k): int(v) for k, v in data["steps"].items()})

@@ -1,0 +1,22 @@
+"""`ArmRates`: what it holds is checked, and it survives the profile's files."""
+
+import pytest
+
+from moe_spec.core.sampling import SamplingConfig
+from moe_spec.profile.arm_rates import ArmRates
+
+
+def test_arm_rates_round_trip_their_dict():
+    entry = ArmRates(SamplingConfig(temperature=0.7, top_p=0.9), 1, {"sized": 0.12, "static:4": 0.11}, {"sized": 30, "static:4": 28})
+    assert ArmRates.from_dict(entry.to_dict()) == entry
+
+
+@pytest.mark.parametrize("rates, steps, match", [
+    ({"sized": 0.0}, {"sized": 3}, "positive and finite"),
+    ({"sized": float("nan")}, {"sized": 3}, "positive and finite"),
+    ({"sized": 0.1}, {}, "number of steps"),
+    ({"sized": 0.1}, {"sized": 0}, "number of steps"),
+])
+def test_bad_arm_rates_are_refused(rates, steps, match):
+    with pytest.raises(ValueError, match=match):
+        ArmRates(SamplingConfig(), 1, rates, steps)
