@@ -23,6 +23,10 @@ PROMPTS=configs/bench/profile.jsonl
 "$PYTHON" scripts/fit_head_routing.py --profile "$OUT/default_profile.json" --prompts "$PROMPTS" --out "$OUT/default_profile.json"
 "$PYTHON" scripts/profile_arm_rates.py --profile "$OUT/default_profile.json" --prompts "$PROMPTS" \
   --settings temperature=0 temperature=1 temperature=0.7,top_p=0.9
+for rows in 4 16; do
+  "$PYTHON" scripts/profile_arm_rates.py --profile "$OUT/default_profile.json" --prompts "$PROMPTS" --settings temperature=0 \
+    --rows $rows --max-prompts 16
+done
 cp "$OUT/default_profile.json" moe_spec/assets/default_profile.json
 cp "$OUT/default_profile.npz" moe_spec/assets/default_profile.npz
 echo "wrote moe_spec/assets/default_profile.json and .npz from $OUT"

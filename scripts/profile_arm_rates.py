@@ -4,6 +4,7 @@ last: it times decoding, and the sizing arm prices with everything the profile h
 
     python scripts/profile_arm_rates.py --profile moe_spec/assets/default_profile.json \
         --prompts configs/bench/profile.jsonl --settings temperature=0 temperature=1 temperature=0.7,top_p=0.9
+    python scripts/profile_arm_rates.py --profile P --prompts F --settings temperature=0 --rows 4
 
 A setting is key=value pairs of temperature, top_k and top_p (temperature=0: greedy). Threads are
 torch's own, as a user runs.
@@ -38,6 +39,8 @@ def main() -> int:
     parser.add_argument("--drafter", default="default", help="the drafter the profile was made with (as --drafter elsewhere)")
     parser.add_argument("--experts-implementation", default="grouped_mm", help="as the profile was timed with")
     parser.add_argument("--settings", type=sampling_setting, nargs="+", required=True)
+    parser.add_argument("--rows", type=int, default=1,
+                        help="a batch size: each request decodes this many prompts at once (entries of other sizes are kept)")
     parser.add_argument("--max-prompts", type=int, default=12)
     parser.add_argument("--max-new-tokens", type=int, default=48)
     args = parser.parse_args()
@@ -48,15 +51,18 @@ def main() -> int:
     drafter = load_drafter(args.drafter, target)
     prompts = [p.input_ids(tokenizer)[0] for p in load_prompts(args.prompts)][: args.max_prompts]
     start = time.perf_counter()
-    with tqdm(total=len(prompts) * len(args.settings), desc="arm rates", file=sys.stderr) as bar:
-        entries = arm_rates_stage(target, drafter, profile, prompts, args.settings, args.max_new_tokens,
+    requests = -(-len(prompts) // args.rows)
+    with tqdm(total=requests * len(args.settings), desc=f"arm rates, {args.rows} row(s)", file=sys.stderr) as bar:
+        entries = arm_rates_stage(target, drafter, profile, prompts, args.settings, args.max_new_tokens, rows=args.rows,
                                   tick=lambda: bar.update(1))
-    profile = dataclasses.replace(profile, arm_rates=entries)
+    measured = {(e.sampling, e.rows) for e in entries}
+    kept = tuple(e for e in profile.arm_rates if (e.sampling, e.rows) not in measured)
+    profile = dataclasses.replace(profile, arm_rates=kept + entries)
     profile.save(args.out or args.profile)
     for entry in entries:
         best = max(entry.rates.values())
         row = "  ".join(f"{arm} {rate / best:.3f}" for arm, rate in sorted(entry.rates.items(), key=lambda kv: -kv[1]))
-        print(f"{sampling_label(entry.sampling)}: {row} (rate / best)")
+        print(f"{sampling_label(entry.sampling)}, B = {entry.rows}: {row} (rate / best)")
     print(json.dumps({"profile": args.out or args.profile, "seconds": round(time.perf_counter() - start, 1),
                       "arm_rates": [e.to_dict() for e in entries]}))
     return 0

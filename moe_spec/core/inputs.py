@@ -8,11 +8,23 @@ Every problem is an `InputError` naming the parameter and what is wrong with it;
 from __future__ import annotations
 
 import numbers
+from collections.abc import Sequence
 
 import torch
 
 from moe_spec.core.target import TargetModel
 from moe_spec.errors import InputError
+
+
+def left_pad(prompts: Sequence[torch.Tensor], pad: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """[1, T_i] prompts -> input_ids [B, T], attention_mask [B, T], left-padded."""
+    width = max(p.shape[1] for p in prompts)
+    ids = torch.full((len(prompts), width), pad, dtype=torch.long)
+    mask = torch.zeros(len(prompts), width, dtype=torch.long)
+    for row, prompt in enumerate(prompts):
+        ids[row, width - prompt.shape[1]:] = prompt[0]
+        mask[row, width - prompt.shape[1]:] = 1
+    return ids, mask
 
 
 def validated_prompts(target: TargetModel, input_ids, attention_mask, max_new_tokens, streamer) -> list[torch.Tensor]:

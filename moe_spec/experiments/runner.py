@@ -28,6 +28,7 @@ from tqdm.auto import tqdm
 
 from moe_spec.policy.registry import Method
 from moe_spec.core.engine import SpecDecoder
+from moe_spec.core.inputs import left_pad
 from moe_spec.experiments.hf_reference import HFReference
 from moe_spec.core.sampling import SamplingConfig
 from moe_spec.errors import InputError
@@ -84,17 +85,6 @@ def batches(classes: Sequence[str], batch_size: int) -> list[list[int]]:
     for index, name in enumerate(classes):
         groups.setdefault(name, []).append(index)
     return [group[i : i + batch_size] for group in groups.values() for i in range(0, len(group), batch_size)]
-
-
-def left_pad(prompts: Sequence[torch.Tensor], pad: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """[1, T_i] prompts -> input_ids [B, T], attention_mask [B, T], left-padded."""
-    width = max(p.shape[1] for p in prompts)
-    ids = torch.full((len(prompts), width), pad, dtype=torch.long)
-    mask = torch.zeros(len(prompts), width, dtype=torch.long)
-    for row, prompt in enumerate(prompts):
-        ids[row, width - prompt.shape[1]:] = prompt[0]
-        mask[row, width - prompt.shape[1]:] = 1
-    return ids, mask
 
 
 def method_order(methods: Sequence[Method], prompt_index: int) -> list[Method]:

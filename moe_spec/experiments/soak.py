@@ -37,7 +37,7 @@ from moe_spec.core.engine import SpecDecoder
 from moe_spec.core.step_record import DecodeObserver, StepRecord
 from moe_spec.core.target import TargetModel
 from moe_spec.errors import InputError
-from moe_spec.experiments.runner import left_pad
+from moe_spec.core.inputs import left_pad
 from moe_spec.policy.registry import Method
 
 

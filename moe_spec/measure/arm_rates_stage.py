@@ -6,8 +6,9 @@ Each arm runs as it runs live: a `BoundedController` over one shared sizing whos
 arm alone, so fixed budgets take the shape the request's candidates give them (`static:N` or
 `chain:N`), and the sizing learns across requests from its own and plain steps. A step counts from
 drafting to acceptance, as the bandit counts it, and a request's first `SETTLE_STEPS` not at all.
-The arms take turns prompt by prompt, in an order that rotates, so a slow spell of the machine
-falls on all of them.
+The arms take turns request by request, in an order that rotates, so a slow spell of the machine
+falls on all of them. With `rows` > 1 each request is a batch of that many prompts (taken in turn,
+cycling when too few), the batch size the rates are keyed by.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import torch
 
 from moe_spec.core.drafting import Drafter
 from moe_spec.core.engine import SpecDecoder
+from moe_spec.core.inputs import left_pad
 from moe_spec.core.sampling import SamplingConfig
 from moe_spec.core.step_record import DecodeObserver, StepRecord
 from moe_spec.core.target import TargetModel
@@ -43,25 +45,30 @@ def arm_rates_stage(
     prompts: Sequence[torch.Tensor],  # each [T] long
     samplings: Sequence[SamplingConfig],
     max_new_tokens: int,
+    rows: int = 1,
     seed: int = 0,
-    tick: Callable[[], None] = lambda: None,  # once per prompt and setting
+    tick: Callable[[], None] = lambda: None,  # once per request and setting
 ) -> tuple[ArmRates, ...]:
-    """One `ArmRates` per sampling setting, one row, every arm allowed for that setting."""
+    """One `ArmRates` per sampling setting, for batches of `rows`, every arm allowed for that setting."""
     if max_new_tokens <= SETTLE_STEPS:
         raise ValueError(f"max_new_tokens must exceed the {SETTLE_STEPS} settling steps, got {max_new_tokens}")
+    if rows < 1 or not prompts:
+        raise ValueError(f"arm rates need prompts and rows >= 1, got {len(prompts)} prompts and rows {rows}")
+    requests = [left_pad([prompts[(start + i) % len(prompts)][None] for i in range(rows)], pad=0)
+                for start in range(0, len(prompts), rows)]  # (input_ids [rows, T], attention_mask [rows, T])
     bounded = build_controller("moe-aware", lambda: profile)
     entries = []
     for sampling in samplings:
         bounded.begin(drafter.default_budget, sampling)
         arms = bounded.allowed_arms
         made, spent, steps = dict.fromkeys(arms, 0.0), dict.fromkeys(arms, 0.0), dict.fromkeys(arms, 0)
-        for index, prompt in enumerate(prompts):
+        for index, (input_ids, attention_mask) in enumerate(requests):
             for arm in arms[index % len(arms):] + arms[: index % len(arms)]:
                 counter = _StepCounter()
                 controller = BoundedController(bounded.sizing, bandit=BudgetBandit((arm,)))
                 SpecDecoder(target, drafter, controller, observer=counter).generate(
-                    prompt[None], max_new_tokens=max_new_tokens, eos_token_id=[], temperature=sampling.temperature,
-                    top_k=sampling.top_k, top_p=sampling.top_p,
+                    input_ids, attention_mask, max_new_tokens=max_new_tokens, eos_token_id=[],
+                    temperature=sampling.temperature, top_k=sampling.top_k, top_p=sampling.top_p,
                     generator=torch.Generator().manual_seed(seed * 1_000_003 + index))
                 for tokens, ms in counter.records[SETTLE_STEPS:]:
                     made[arm] += tokens
@@ -69,6 +76,6 @@ def arm_rates_stage(
                     steps[arm] += 1
             tick()
         measured = [arm for arm in arms if steps[arm] and spent[arm] > 0]
-        entries.append(ArmRates(sampling, 1, {arm: made[arm] / spent[arm] for arm in measured},
+        entries.append(ArmRates(sampling, rows, {arm: made[arm] / spent[arm] for arm in measured},
                                 {arm: steps[arm] for arm in measured}))
     return tuple(entries)

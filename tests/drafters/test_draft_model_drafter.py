@@ -11,7 +11,7 @@ from moe_spec.core.sampling import SamplingConfig
 from moe_spec.core.target import TargetModel
 from moe_spec.drafters.draft_model import DraftModelDrafter
 from moe_spec.errors import InputError
-from moe_spec.experiments.runner import left_pad
+from moe_spec.core.inputs import left_pad
 from moe_spec.policy.static import StaticController
 from moe_spec.testing.helpers import (
     ALL_ARCHITECTURES, PLAIN_PROMPT, REPETITIVE_PROMPT, assert_follows, exact_distribution_of_tokens_2_and_3, hf_greedy,

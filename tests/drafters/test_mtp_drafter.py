@@ -14,7 +14,7 @@ from moe_spec.core.target import TargetModel
 from moe_spec.drafters.mtp import MtpDrafter
 from moe_spec.drafters.mtp_layers import load_mtp_layers, mtp_loading_patterns
 from moe_spec.errors import InputError
-from moe_spec.experiments.runner import left_pad
+from moe_spec.core.inputs import left_pad
 from moe_spec.policy.static import StaticController
 from moe_spec.testing.helpers import (
     PLAIN_PROMPT, REPETITIVE_PROMPT, assert_follows, exact_distribution_of_tokens_2_and_3, hf_greedy, random_prompt,

@@ -70,7 +70,17 @@ def test_offloaded_experts_get_no_prior_measured_resident(measured):
     assert BoundedController(offloaded).bandit.priors == {}
 
 
-def test_too_few_new_tokens_to_settle_are_refused(measured):
+def test_batched_requests_are_measured_and_keyed_by_their_rows(measured):
+    _, target, drafter, profile = measured
+    [entry] = arm_rates_stage(target, drafter, profile, PROMPTS[:1], [GREEDY], 8, rows=2)  # the prompt twice
+    assert entry.rows == 2 and SIZED in entry.rates and "static:4" in entry.rates
+    controller = build_controller("moe-aware", lambda: dataclasses.replace(profile, arm_rates=(entry,)))
+    assert set(controller.bandit.priors) == {RegimeKey.of(GREEDY, 2)}
+
+
+def test_too_few_new_tokens_to_settle_or_no_rows_are_refused(measured):
     _, target, drafter, profile = measured
     with pytest.raises(ValueError, match="max_new_tokens"):
         arm_rates_stage(target, drafter, profile, PROMPTS, [GREEDY], 3)
+    with pytest.raises(ValueError, match="rows"):
+        arm_rates_stage(target, drafter, profile, PROMPTS, [GREEDY], 8, rows=0)

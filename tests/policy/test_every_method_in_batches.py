@@ -5,7 +5,7 @@ drafts verified and accepted (so the comparison is not plain decoding against it
 import pytest
 import torch
 
-from moe_spec.experiments.runner import left_pad
+from moe_spec.core.inputs import left_pad
 from moe_spec import LookupDrafter, SpecDecoder
 from moe_spec.core.stats import GenerationStats
 from moe_spec.core.target import TargetModel
