@@ -6,12 +6,15 @@
 
 Measures m_l(M) from the expert store (written once into --offload-dir), then checks the cost model
 with the fetch term on held-out offloaded verify passes (static trees of 0, 2, 8 and 32 nodes, each
-prompt from a cold cache). Prints a summary and, last, one JSON line.
+prompt from a cold cache), and last measures moe-aware's arms decoding offloaded, on torch's own
+thread count (`--arm-settings`; the prior its bandit starts from when experts are offloaded, see
+`moe_spec.measure.arm_rates_stage`). Prints a summary and, last, one JSON line.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 from pathlib import Path
@@ -19,9 +22,11 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
+from moe_spec.cli.option_types import sampling_setting
 from moe_spec.cli.profile import read_prompts
 from moe_spec.core.target import TargetModel
 from moe_spec.loading import load_drafter, load_target, load_tokenizer, model_folder
+from moe_spec.measure.arm_rates_stage import arm_rates_stage
 from moe_spec.measure.fetch_profile import fetch_stage
 from moe_spec.offload.offloaded_experts import OffloadConfig, offload_experts
 from moe_spec.profile.artifact import Profile
@@ -38,7 +43,12 @@ def main(argv=None) -> dict:
     parser.add_argument("--resident-experts", type=int, default=16, help="C for the held-out check passes")
     parser.add_argument("--offload-dir", default="runs/expert_store/default_target-float32")
     parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--arm-settings", type=sampling_setting, nargs="*",
+                        default=[sampling_setting("temperature=0"), sampling_setting("temperature=1")],
+                        help="sampling settings to measure moe-aware's arms at, offloaded (none: keep the profile's)")
+    parser.add_argument("--arm-prompts", type=int, default=12, help="prompts the arms are measured on")
     args = parser.parse_args(argv)
+    threads = torch.get_num_threads()  # torch's own: the arms are timed as a user runs them
     torch.set_num_threads(1)
     model = load_target(args.model)
     resident = TargetModel(model)
@@ -51,6 +61,14 @@ def main(argv=None) -> dict:
     try:
         profile = fetch_stage(target, drafter, prompts, profile, max_new_tokens=args.max_new_tokens,
                               progress=lambda runs: tqdm(runs, desc="fetch check", file=sys.stderr))
+        if args.arm_settings:
+            torch.set_num_threads(threads)
+            arm_prompts = read_prompts(args.prompts, tokenizer, resident.vocab_size)[: args.arm_prompts]
+            with tqdm(total=len(arm_prompts) * len(args.arm_settings), desc="arm rates, offloaded", file=sys.stderr) as bar:
+                entries = arm_rates_stage(target, drafter, profile, arm_prompts, args.arm_settings, 48,
+                                          tick=lambda: bar.update(1))
+            profile = dataclasses.replace(profile, arm_rates=tuple(
+                e for e in profile.arm_rates if e.resident_experts is None) + entries)
     finally:
         offload.close()
     profile.details.setdefault("measurement", {})["fetch_stage_model"] = str(model_folder(args.model))

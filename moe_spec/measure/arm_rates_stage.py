@@ -8,7 +8,8 @@ arm alone, so fixed budgets take the shape the request's candidates give them (`
 drafting to acceptance, as the bandit counts it, and a request's first `SETTLE_STEPS` not at all.
 The arms take turns request by request, in an order that rotates, so a slow spell of the machine
 falls on all of them. With `rows` > 1 each request is a batch of that many prompts (taken in turn,
-cycling when too few), the batch size the rates are keyed by.
+cycling when too few), the batch size the rates are keyed by. An offloaded target's arms are
+measured offloaded, each request from a cold cache as a bench runs it, and keyed by its cache size.
 """
 
 from __future__ import annotations
@@ -56,7 +57,8 @@ def arm_rates_stage(
         raise ValueError(f"arm rates need prompts and rows >= 1, got {len(prompts)} prompts and rows {rows}")
     requests = [left_pad([prompts[(start + i) % len(prompts)][None] for i in range(rows)], pad=0)
                 for start in range(0, len(prompts), rows)]  # (input_ids [rows, T], attention_mask [rows, T])
-    bounded = build_controller("moe-aware", lambda: profile)
+    offload = target.offload
+    bounded = build_controller("moe-aware", lambda: profile, residency=offload.residency if offload is not None else None)
     entries = []
     for sampling in samplings:
         bounded.begin(drafter.default_budget, sampling)
@@ -65,6 +67,8 @@ def arm_rates_stage(
         for index, (input_ids, attention_mask) in enumerate(requests):
             for arm in arms[index % len(arms):] + arms[: index % len(arms)]:
                 counter = _StepCounter()
+                if offload is not None:
+                    offload.clear()
                 controller = BoundedController(bounded.sizing, bandit=BudgetBandit((arm,)))
                 SpecDecoder(target, drafter, controller, observer=counter).generate(
                     input_ids, attention_mask, max_new_tokens=max_new_tokens, eos_token_id=[],
@@ -77,5 +81,6 @@ def arm_rates_stage(
             tick()
         measured = [arm for arm in arms if steps[arm] and spent[arm] > 0]
         entries.append(ArmRates(sampling, rows, {arm: made[arm] / spent[arm] for arm in measured},
-                                {arm: steps[arm] for arm in measured}))
+                                {arm: steps[arm] for arm in measured},
+                                offload.config.resident if offload is not None else None))
     return tuple(entries)

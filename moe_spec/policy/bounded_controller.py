@@ -54,11 +54,12 @@ SETTLE_STEPS = 4
 
 
 def measured_priors(sizing: MoeAwareController) -> dict[RegimeKey, dict[str, float]]:
-    """The arms' rates the profile measured, per regime (`moe_spec.profile.arm_rates`); none where
-    the experts are offloaded: the profile measured them resident, and misses reorder the arms."""
-    if sizing.residency is not None:
-        return {}
-    return {RegimeKey.of(entry.sampling, entry.rows): dict(entry.rates) for entry in sizing.profile.arm_rates}
+    """The arms' rates the profile measured, per regime (`moe_spec.profile.arm_rates`): those
+    measured resident for a resident target, those measured offloaded for an offloaded one (misses
+    reorder the arms; the profile's one cache size stands for any)."""
+    offloaded = sizing.residency is not None
+    return {RegimeKey.of(entry.sampling, entry.rows): dict(entry.rates) for entry in sizing.profile.arm_rates
+            if (entry.resident_experts is not None) == offloaded}
 
 
 class BoundedController:

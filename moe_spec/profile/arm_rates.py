@@ -2,9 +2,10 @@
 the prior its bandit starts from (`moe_spec.policy.budget_bandit`).
 
 An entry holds, for one sampling setting and one batch size, each arm's rate (tokens made over
-milliseconds spent on the steps it decided, drafting to acceptance) and how many steps measured it.
-The rates are those of the machine the profile was made on, with every expert resident and the
-experts implementation profiled; the bandit carries over their ratios, not their level.
+milliseconds spent on the steps it decided, drafting to acceptance) and how many steps measured it,
+with every expert resident or (`resident_experts`) with the experts offloaded behind a cache of
+that many per layer. The rates are those of the machine and experts implementation profiled; the
+bandit carries over their ratios, not their level.
 """
 
 from __future__ import annotations
@@ -21,10 +22,13 @@ class ArmRates:
     rows: int  # the batch's rows
     rates: dict[str, float]  # arm -> tokens per ms
     steps: dict[str, int]  # arm -> steps that measured it
+    resident_experts: int | None = None  # None: every expert resident; else offloaded behind a cache of C per layer
 
     def __post_init__(self):
         if self.rows < 1:
             raise ValueError(f"arm rates need at least one row, got {self.rows}")
+        if self.resident_experts is not None and self.resident_experts < 0:
+            raise ValueError(f"resident_experts must be None or >= 0, got {self.resident_experts}")
         bad = {arm: rate for arm, rate in self.rates.items() if not (math.isfinite(rate) and rate > 0)}
         if bad:
             raise ValueError(f"arm rates must be positive and finite, got {bad}")
@@ -34,10 +38,11 @@ class ArmRates:
     def to_dict(self) -> dict:
         s = self.sampling
         return {"temperature": s.temperature, "top_k": s.top_k, "top_p": s.top_p, "rows": self.rows,
-                "rates": dict(self.rates), "steps": dict(self.steps)}
+                "rates": dict(self.rates), "steps": dict(self.steps), "resident_experts": self.resident_experts}
 
     @staticmethod
     def from_dict(data: dict) -> "ArmRates":
         sampling = SamplingConfig(temperature=float(data["temperature"]), top_k=int(data["top_k"]), top_p=float(data["top_p"]))
+        resident = data.get("resident_experts")
         return ArmRates(sampling, int(data["rows"]), {str(k): float(v) for k, v in data["rates"].items()},
-                        {str(k): int(v) for k, v in data["steps"].items()})
+                        {str(k): int(v) for k, v in data["steps"].items()}, None if resident is None else int(resident))

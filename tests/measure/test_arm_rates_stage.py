@@ -62,12 +62,18 @@ def test_a_profile_with_arm_rates_gives_the_bandit_its_prior_and_stays_lossless(
         assert torch.equal(result.sequences, hf_greedy(model, prompt, 20))
 
 
-def test_offloaded_experts_get_no_prior_measured_resident(measured):
+def test_offloaded_experts_take_the_prior_measured_offloaded_and_resident_ones_the_resident(measured):
     _, _, _, profile = measured
-    resident = MoeAwareController(profile, gate=False)
-    offloaded = MoeAwareController(profile, gate=False, residency=lambda: torch.ones(1, 1, dtype=torch.bool))
-    assert measured_priors(resident) and measured_priors(offloaded) == {}
-    assert BoundedController(offloaded).bandit.priors == {}
+    greedy = profile.arm_rates[0]
+    offloaded_entry = dataclasses.replace(greedy, rates={SIZED: 1.0, PLAIN: 2.0}, steps={SIZED: 3, PLAIN: 3},
+                                          resident_experts=16)
+    both = dataclasses.replace(profile, arm_rates=(greedy, offloaded_entry))
+    resident = MoeAwareController(both, gate=False)
+    offloaded = MoeAwareController(both, gate=False, residency=lambda: torch.ones(1, 1, dtype=torch.bool))
+    assert measured_priors(resident) == {RegimeKey.of(GREEDY, 1): greedy.rates}
+    assert BoundedController(offloaded).bandit.priors == {RegimeKey.of(GREEDY, 1): {SIZED: 1.0, PLAIN: 2.0}}
+    only_resident = MoeAwareController(profile, gate=False, residency=lambda: torch.ones(1, 1, dtype=torch.bool))
+    assert measured_priors(only_resident) == {}
 
 
 def test_batched_requests_are_measured_and_keyed_by_their_rows(measured):

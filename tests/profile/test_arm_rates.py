@@ -9,6 +9,9 @@ from moe_spec.profile.arm_rates import ArmRates
 def test_arm_rates_round_trip_their_dict():
     entry = ArmRates(SamplingConfig(temperature=0.7, top_p=0.9), 1, {"sized": 0.12, "static:4": 0.11}, {"sized": 30, "static:4": 28})
     assert ArmRates.from_dict(entry.to_dict()) == entry
+    offloaded = ArmRates(SamplingConfig(), 4, {"plain": 0.1}, {"plain": 5}, resident_experts=16)
+    assert ArmRates.from_dict(offloaded.to_dict()) == offloaded
+    assert ArmRates.from_dict({k: v for k, v in entry.to_dict().items() if k != "resident_experts"}) == entry
 
 
 @pytest.mark.parametrize("rates, steps, match", [
