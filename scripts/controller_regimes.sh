@@ -32,7 +32,7 @@ profile_disk() {  # the shipped profile with this machine's fetch cost, for the 
 profile_eager() {  # the pair profiled with the eager experts kernel (experts cost about 3x more), for the eager regime
   local out=runs/profile_eager/profile.json
   [ -f $out ] && [ $out -nt moe_spec/assets/default_profile.json ] && return
-  "$PY" -m moe_spec.cli.main profile --config configs/profile_default.yaml --experts-implementation eager --out $out
+  "$PY" -m moe_spec.cli.main profile --config configs/profile_default.yaml --experts-implementation eager --out $out --no-arm-rates
   "$PY" scripts/fit_head_routing.py --profile $out --prompts configs/bench/profile.jsonl --out $out
   "$PY" scripts/profile_arm_rates.py --profile $out --prompts configs/bench/profile.jsonl --experts-implementation eager \
     --settings temperature=0

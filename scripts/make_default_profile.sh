@@ -18,7 +18,8 @@ export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 PYTHON=${PYTHON:-.venv/bin/python}
 OUT=${1:-runs/profile}
 PROMPTS=configs/bench/profile.jsonl
-"$PYTHON" -m moe_spec.cli.main profile --config configs/profile_default.yaml --out "$OUT/default_profile.json" --plots "$OUT/plots"
+"$PYTHON" -m moe_spec.cli.main profile --config configs/profile_default.yaml --out "$OUT/default_profile.json" --plots "$OUT/plots" \
+  --no-arm-rates  # measured last (stage 4), once the sizing prices with every stage
 "$PYTHON" scripts/profile_sampling.py --profile "$OUT/default_profile.json" --prompts "$PROMPTS" --settings 1.0 0.7:0.9
 "$PYTHON" scripts/fit_head_routing.py --profile "$OUT/default_profile.json" --prompts "$PROMPTS" --out "$OUT/default_profile.json"
 "$PYTHON" scripts/profile_arm_rates.py --profile "$OUT/default_profile.json" --prompts "$PROMPTS" \

@@ -10,6 +10,7 @@ table and, last, one JSON line for machines.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import hashlib
 import json
 import sys
@@ -25,18 +26,22 @@ from moe_spec.cli.defaults import field_defaults
 from moe_spec.cli.offload_options import add_offload_arguments, offload_config, offload_from_args
 from moe_spec.cli.option_types import experts_implementation, non_negative_int, positive_int, seed
 from moe_spec.core.drafting import EAGLE2_BUDGET, TreeBudget
+from moe_spec.core.sampling import GREEDY
+from moe_spec.policy.bounded_controller import SETTLE_STEPS
 from moe_spec.errors import InputError
 from moe_spec.loading import load_drafter, load_target, load_tokenizer, model_folder
 from moe_spec.experiments.prompt_file import load_prompts
 from moe_spec.profile.artifact import Profile
 from moe_spec.profile.cost_model import CostModel
 from moe_spec.measure.latency import TimingConfig
+from moe_spec.measure.arm_rates_stage import arm_rates_stage
 from moe_spec.measure.fetch_profile import fetch_stage
 from moe_spec.measure.profiler import ProfileSettings, build_profile
 from moe_spec.measure.store import cached_profile_path
 from moe_spec.core.target import TargetModel
 
 SETTINGS = field_defaults(ProfileSettings)
+ARM_PROMPTS = 12  # prompts the arm stage decodes with each arm
 TIMING = field_defaults(TimingConfig)
 
 
@@ -61,6 +66,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="of the timed repeats (both are stored); 'min' resists load from other jobs on a shared machine",
     )
     parser.add_argument("--per-layer-cost", action="store_true", help="fit one expert cost per MoE layer")
+    parser.add_argument("--arm-rates", action=argparse.BooleanOptionalAction, default=True,
+                        help="measure each arm moe-aware chooses among (fixed budgets, its sizing, plain decoding) "
+                             "on up to 12 prompts, greedy: the prior its bandit starts from; needs a drafter")
     parser.add_argument("--loop-alignment", action=argparse.BooleanOptionalAction, default=SETTINGS["loop_alignment"],
                         help="map the sweep's cost model onto verify passes timed in the decode loop, at every size "
                              "a controller verifies (what the loop pays: weights warm, mean times); needs a drafter")
@@ -132,12 +140,16 @@ def run(args: argparse.Namespace) -> dict:
     )
     start = time.perf_counter()
     profile = build_profile(target, drafter, prompts, settings, _tqdm_progress, drafter_description)
+    if args.arm_rates and drafter is not None:
+        profile = _with_arm_rates(profile, target, drafter, prompts, args)
     if offloading is not None:
         # the compute terms above were measured with every expert resident; the fetch term is this tier's
         target.offload = offload_from_args(args, target.model)
         try:
             profile = fetch_stage(target, drafter, prompts[:4], profile, max_new_tokens=min(args.max_new_tokens, 24),
                                   progress=lambda runs: tqdm(runs, desc="fetch check", file=sys.stderr, leave=False))
+            if args.arm_rates and drafter is not None:
+                profile = _with_arm_rates(profile, target, drafter, prompts, args)
         finally:
             target.offload.close()
     profile.details["measurement"]["model"] = str(model_dir)
@@ -160,6 +172,7 @@ def run(args: argparse.Namespace) -> dict:
         "heldout_p90_rel_error": report.get("heldout_natural_error", {}).get("p90"),
         "heldout_batched_median_rel_error": report.get("heldout_batched_error", {}).get("median"),
         "heldout_batched_p90_rel_error": report.get("heldout_batched_error", {}).get("p90"),
+        "arm_rates": [entry.to_dict() for entry in profile.arm_rates],
         "loop_alignment": {k: v for k, v in report["loop_alignment"].items() if k != "sweep_model"}
                           if "loop_alignment" in report else None,
         "calibration": profile.details.get("calibration"),
@@ -172,6 +185,18 @@ def run(args: argparse.Namespace) -> dict:
         record["fetch_error_compute_only_median"] = fetch.get("error_compute_only", {}).get("median")
     print(json.dumps(record))
     return record
+
+
+def _with_arm_rates(profile: Profile, target: TargetModel, drafter, prompts, args) -> Profile:
+    """`profile` with moe-aware's arms measured greedily on (up to 12 of) its prompts, on `target` as
+    it is now (offloaded or resident; the other kind's entries are kept)."""
+    chosen = prompts[:ARM_PROMPTS]
+    tick = _tqdm_progress("arm rates", len(chosen))
+    entries = arm_rates_stage(target, drafter, profile, chosen, [GREEDY], max(args.max_new_tokens, 2 * SETTLE_STEPS),
+                              seed=args.seed, tick=tick)
+    offloaded = target.offload is not None
+    kept = tuple(e for e in profile.arm_rates if (e.resident_experts is not None) != offloaded)
+    return dataclasses.replace(profile, arm_rates=kept + entries)
 
 
 def read_prompts(path: Path, tokenizer, vocab_size: int) -> list[torch.Tensor]:
@@ -275,6 +300,12 @@ def summary_table(profile: Profile) -> str:
             a, b = f["error_refit_with_fetch_term"], f["error_compute_only"]
             rows.append(("fetch error", f"held-out offloaded passes (n={a['n']}): median {a['median']:.1%} p90 {a['p90']:.1%} "
                                         f"(compute only: {b['median']:.1%}, {b['p90']:.1%})"))
+    for entry in profile.arm_rates:
+        best = max(entry.rates.values())
+        ranked = sorted(entry.rates.items(), key=lambda kv: -kv[1])
+        where = "resident" if entry.resident_experts is None else f"{entry.resident_experts} experts resident"
+        rows.append((f"arms, B={entry.rows}", f"temperature {entry.sampling.temperature:g}, {where}: "
+                                              + "  ".join(f"{arm} {rate / best:.2f}" for arm, rate in ranked)))
     if "draft_cost" in d:
         dc = d["draft_cost"]
         rows.append(("draft cost", f"{dc['base_ms']:.3f} ms + {dc['per_depth_ms']:.3f} ms/depth + {dc['per_node_ms']:.4f} ms/node"))

@@ -63,6 +63,11 @@ def test_profile_command_end_to_end(tmp_path, model_dir, capsys):
     assert profile.details["measurement"]["cold_weights"] is True
     assert profile.hardware["torch_threads"] == 1
     assert len(profile.details["expert_predictor"]["node_recall"]) == 2
+    [arms] = profile.arm_rates  # greedy, one row, resident
+    assert (arms.rows, arms.resident_experts, arms.sampling.temperature) == (1, None, 0.0)
+    assert {"sized", "plain", "static:4"} <= set(arms.rates) and record["arm_rates"] == [arms.to_dict()]
+    assert "arms, B=1" in "\n".join(stdout[:-1]) and "loop alignment" in "\n".join(stdout[:-1])
+    assert profile.details["cost_model_report"]["loop_alignment"]["passes"] > 0
     for name in ("unique_experts_vs_tokens", "latency_heatmap", "cost_model_residuals", "expert_load"):
         assert (tmp_path / "plots" / f"{name}.png").stat().st_size > 1000
 
