@@ -45,6 +45,7 @@ class BoundSettings:
     fixed: tuple[int, ...] = FIXED_ARMS
     noise: float = 0.0  # relative spread of the lognormal factor on each step's ms
     seed: int = 0
+    priors: tuple[tuple[str, float], ...] = ()  # (arm, rate) the profile measured: the bandit's prior, as live
 
 
 def replay_bound(prompts: Sequence[int], sized: Sequence, fixed: dict[int, Sequence], plain: Sequence,
@@ -58,9 +59,10 @@ def replay_bound(prompts: Sequence[int], sized: Sequence, fixed: dict[int, Seque
         raise ValueError(f"no replay of the fixed budgets {missing}")
     nodes = {f"static:{n}": n for n in settings.fixed}
     arms = {SIZED: sized, **{name: fixed[n] for name, n in nodes.items()}, PLAIN: plain}
-    bandit = BudgetBandit(tuple(arms), exploration=settings.exploration, window=settings.window,
-                          min_plays=settings.min_plays, horizon=settings.horizon)
     key = RegimeKey(0.0, 0, 1.0, 1)  # one regime: the trace's
+    bandit = BudgetBandit(tuple(arms), exploration=settings.exploration, window=settings.window,
+                          min_plays=settings.min_plays, horizon=settings.horizon,
+                          priors={key: dict(settings.priors)} if settings.priors else None)
     jitter = random.Random(settings.seed)
     chosen: list = []
     decisions: Counter = Counter()

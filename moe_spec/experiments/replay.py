@@ -275,6 +275,8 @@ def bounded_replay(trace: Trace, simulated: Profile, results: dict[str, PolicyRe
     """`moe-aware` as a live run decides (`experiments/bound_replay.py`): the bandit over its arms'
     replays (`bound_arms`); greedy traces only (a sampled one tells no smaller budget's tokens)."""
     sized, fixed, plain = bound_arms(trace, simulated, factor, settings.fixed, results)
+    if not settings.priors:
+        settings = replace(settings, priors=_greedy_priors(simulated))
     chosen, decisions = replay_bound([step.rows[0] for step in trace.steps], sized, fixed, plain, settings)
     shares = {arm: _round(count / len(chosen)) for arm, count in decisions.most_common()} if chosen else {}
     arms = {SIZED: summarise(sized), **{f"static:{n}": summarise(steps) for n, steps in fixed.items()},
@@ -285,6 +287,16 @@ def bounded_replay(trace: Trace, simulated: Profile, results: dict[str, PolicyRe
     return PolicyReplay(BOUNDED, chosen, {**summarise(chosen), "decisions": shares, "best_arm": best,
                                           "arm_tokens_per_s": {arm: f["tokens_per_s"] for arm, f in arms.items()},
                                           "bound": note})
+
+
+def _greedy_priors(simulated: Profile) -> tuple[tuple[str, float], ...]:
+    """The arms' rates the profile measured greedily on one row, as a live run's bandit takes them
+    (offloaded ones where the replay prices fetches)."""
+    offloaded = simulated.cost_model.fetch is not None
+    for entry in simulated.arm_rates:
+        if entry.sampling.greedy and entry.rows == 1 and (entry.resident_experts is not None) == offloaded:
+            return tuple(sorted(entry.rates.items()))
+    return ()
 
 
 def bound_replays(trace: Trace, simulated: Profile, results: dict[str, PolicyReplay], factor: float) -> dict[str, PolicyReplay]:

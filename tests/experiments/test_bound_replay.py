@@ -75,3 +75,15 @@ def test_a_missing_fixed_budget_is_refused():
     del fixed[3]
     with pytest.raises(ValueError, match=r"fixed budgets \[3\]"):
         replay_bound([0] * STEPS, fixed[1], fixed, fixed[1])
+
+
+def test_a_measured_prior_spares_the_replayed_bound_its_exploration():
+    fixed = nested_arms([0.9, 0.9, 0.1, 0.1, 0.1, 0.1], lambda n: 10.0 + 2.0 * n)
+    sized = outcomes(lambda rng: 1 + int(rng.random() < 0.5), 14.0, seed=1)
+    plain = outcomes(lambda rng: 1, 10.0, seed=2)
+    prior = ((SIZED, rate(sized)), (PLAIN, rate(plain)), *((f"static:{n}", rate(steps)) for n, steps in fixed.items()))
+    prompts = [i // 40 for i in range(STEPS)]
+    _, without = replay_bound(prompts, sized, fixed, plain, BoundSettings())
+    chosen, with_prior = replay_bound(prompts, sized, fixed, plain, BoundSettings(priors=prior))
+    assert with_prior[SIZED] + with_prior[PLAIN] < without[SIZED] + without[PLAIN]
+    assert rate(chosen) >= 0.97 * max(rate(steps) for steps in fixed.values())
