@@ -1,10 +1,11 @@
 """The profile's verify price against a bench's measured passes, method by method.
 
-    python scripts/price_check.py PROFILE_JSON BENCH_JSON [--json OUT]
+    python scripts/price_check.py PROFILE_JSON BENCH_JSON [--json OUT] [--sweep-model]
 
 `BENCH_JSON` is a one-row, not offloaded `moe-spec bench --json` report (e.g. one of
 `scripts/controller_regimes.sh`'s greedy reports). Prints priced / measured per method and a final
-JSON line; see `moe_spec.experiments.price_check`.
+JSON line; see `moe_spec.experiments.price_check`. `--sweep-model` prices with the latency sweep's
+model before the profile mapped it onto the loop's passes (`moe_spec.profile.loop_alignment`).
 """
 
 from __future__ import annotations
@@ -23,8 +24,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("profile", help="a profile JSON")
     parser.add_argument("bench", help="a one-row bench report (moe-spec bench --json)")
     parser.add_argument("--json", default=None, help="write the rows here too")
+    parser.add_argument("--sweep-model", action="store_true", help="price with the sweep's model, not the profile's own")
     args = parser.parse_args(argv)
-    model = CostModel.from_dict(json.loads(Path(args.profile).read_text())["cost_model"])
+    document = json.loads(Path(args.profile).read_text())
+    section = document["cost_model"]
+    if args.sweep_model:
+        loop = document.get("details", {}).get("cost_model_report", {}).get("loop_alignment")
+        if loop is None:
+            print(f"{args.profile}: no loop alignment, so its cost model is the sweep's", file=sys.stderr)
+            return 2
+        section = loop["sweep_model"]
+    model = CostModel.from_dict(section)
     report = json.loads(Path(args.bench).read_text())
     config = report.get("config", {})
     if int(config.get("batch_size", 1) or 1) != 1 or config.get("offload"):

@@ -49,3 +49,16 @@ def test_the_script_refuses_a_bench_whose_passes_the_profile_does_not_price(tmp_
     (tmp_path / "bench.json").write_text(json.dumps({"methods": _methods(), "config": config}))
     assert script.main([str(tmp_path / "profile.json"), str(tmp_path / "bench.json")]) == 2
     assert "does not price" in capsys.readouterr().err
+
+
+def test_the_sweep_model_is_priced_on_request_and_refused_where_there_is_none(tmp_path, capsys):
+    sweep = CostModel(base_ms=12.0, per_token_ms=0.5, per_expert_ms=(0.25,), num_layers=4)
+    document = {"cost_model": MODEL.to_dict(), "details": {"cost_model_report": {"loop_alignment": {"sweep_model": sweep.to_dict()}}}}
+    (tmp_path / "profile.json").write_text(json.dumps(document))
+    (tmp_path / "bench.json").write_text(json.dumps({"methods": _methods(), "config": {"batch_size": 1}}))
+    assert script.main([str(tmp_path / "profile.json"), str(tmp_path / "bench.json"), "--sweep-model"]) == 0
+    final = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert final["rows"][0]["priced_ms"] == pytest.approx(14.5)  # the sweep's 12 ms fixed part, not the profile's 10
+    (tmp_path / "profile.json").write_text(json.dumps({"cost_model": MODEL.to_dict()}))
+    assert script.main([str(tmp_path / "profile.json"), str(tmp_path / "bench.json"), "--sweep-model"]) == 2
+    assert "no loop alignment" in capsys.readouterr().err
