@@ -27,7 +27,6 @@ from moe_spec.cli.offload_options import add_offload_arguments, offload_config, 
 from moe_spec.cli.option_types import experts_implementation, non_negative_int, positive_int, seed
 from moe_spec.core.drafting import EAGLE2_BUDGET, TreeBudget
 from moe_spec.core.sampling import GREEDY
-from moe_spec.policy.bounded_controller import SETTLE_STEPS
 from moe_spec.errors import InputError
 from moe_spec.loading import load_drafter, load_target, load_tokenizer, model_folder
 from moe_spec.experiments.prompt_file import load_prompts
@@ -42,6 +41,7 @@ from moe_spec.core.target import TargetModel
 
 SETTINGS = field_defaults(ProfileSettings)
 ARM_PROMPTS = 12  # prompts the arm stage decodes with each arm
+ARM_NEW_TOKENS = 32  # at least, so that steps remain past each request's settling steps
 TIMING = field_defaults(TimingConfig)
 
 
@@ -192,7 +192,7 @@ def _with_arm_rates(profile: Profile, target: TargetModel, drafter, prompts, arg
     it is now (offloaded or resident; the other kind's entries are kept)."""
     chosen = prompts[:ARM_PROMPTS]
     tick = _tqdm_progress("arm rates", len(chosen))
-    entries = arm_rates_stage(target, drafter, profile, chosen, [GREEDY], max(args.max_new_tokens, 2 * SETTLE_STEPS),
+    entries = arm_rates_stage(target, drafter, profile, chosen, [GREEDY], max(args.max_new_tokens, ARM_NEW_TOKENS),
                               seed=args.seed, tick=tick)
     offloaded = target.offload is not None
     kept = tuple(e for e in profile.arm_rates if (e.resident_experts is not None) != offloaded)

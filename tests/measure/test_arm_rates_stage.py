@@ -36,7 +36,7 @@ def measured():
     profile = build_profile(target, drafter, PROMPTS, QUICK)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # no sampling setting profiled: top tokens, and a warning says so
-        entries = arm_rates_stage(target, drafter, profile, PROMPTS, [GREEDY, SamplingConfig(temperature=1.0)], 12)
+        entries = arm_rates_stage(target, drafter, profile, PROMPTS, [GREEDY, SamplingConfig(temperature=1.0)], 24)
     return model, target, drafter, dataclasses.replace(profile, arm_rates=entries)
 
 
@@ -78,7 +78,7 @@ def test_offloaded_experts_take_the_prior_measured_offloaded_and_resident_ones_t
 
 def test_batched_requests_are_measured_and_keyed_by_their_rows(measured):
     _, target, drafter, profile = measured
-    [entry] = arm_rates_stage(target, drafter, profile, PROMPTS[:1], [GREEDY], 8, rows=2)  # the prompt twice
+    [entry] = arm_rates_stage(target, drafter, profile, PROMPTS[:1], [GREEDY], 24, rows=2)  # the prompt twice
     assert entry.rows == 2 and SIZED in entry.rates and "static:4" in entry.rates
     controller = build_controller("moe-aware", lambda: dataclasses.replace(profile, arm_rates=(entry,)))
     assert set(controller.bandit.priors) == {RegimeKey.of(GREEDY, 2)}

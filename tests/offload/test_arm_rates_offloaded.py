@@ -22,7 +22,7 @@ def test_offloaded_arms_are_measured_offloaded_and_become_the_offloaded_prior(ma
     target = TargetModel(model, offload=offload)
     profile = reference_profile("qwen3_moe")
     prompts = [torch.tensor(p) for p in (REPETITIVE_PROMPT, PLAIN_PROMPT)]
-    [entry] = arm_rates_stage(target, LookupDrafter(), profile, prompts, [GREEDY], 10)
+    [entry] = arm_rates_stage(target, LookupDrafter(), profile, prompts, [GREEDY], 32)
     assert entry.resident_experts == 3 and SIZED in entry.rates and all(r > 0 for r in entry.rates.values())
     measured = dataclasses.replace(profile, arm_rates=(entry,))
     bounded = build_method("moe-aware", MethodContext(target, LookupDrafter, lambda: measured)).controller
