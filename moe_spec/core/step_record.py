@@ -70,6 +70,11 @@ class StepRecord:
         return len(self.rows)
 
     @property
+    def step_ms(self) -> float:
+        """What the step cost from drafting to acceptance (what controllers judge a step by)."""
+        return self.draft_ms + self.plan_ms + self.verify_ms + self.accept_ms
+
+    @property
     def tokens_produced(self) -> int:
         """Accepted drafts plus one bonus token per row."""
         return sum(a.num_accepted + 1 for a in self.acceptances)

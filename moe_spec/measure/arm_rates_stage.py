@@ -35,7 +35,7 @@ class _StepCounter(DecodeObserver):
         self.records: list[tuple[float, float]] = []  # (tokens, ms) per step
 
     def on_step(self, record: StepRecord) -> None:
-        ms = record.draft_ms + record.plan_ms + record.verify_ms + record.accept_ms
+        ms = record.step_ms
         self.records.append((float(record.tokens_produced), ms))
 
 

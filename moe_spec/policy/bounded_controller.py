@@ -129,7 +129,7 @@ class BoundedController:
         # not yet resident, a short prefix): judged, they made the arm that happened to open each
         # request look worst and the choice rotate among the fixed budgets
         if self._steps > self.settle_steps:
-            ms = record.draft_ms + record.plan_ms + record.verify_ms + record.accept_ms
+            ms = record.step_ms
             tokens, credits = self._told(record)
             self.bandit.record(self._key(record.verified.rows), self._arm, tokens, ms, credits=credits)
         self._arm = self._next_arm

@@ -227,7 +227,7 @@ class MoeAwareController(ProfiledController):
         # the whole step as the controller can measure it: a speculative step's acceptance and cache
         # moves cost more than a plain one's (a batch's several ms a step)
         self.speculation_gate.observe(record.verified.rows, record.speculated, self.tokens_expected(record),
-                                      record.draft_ms + record.plan_ms + record.verify_ms + record.accept_ms)
+                                      record.step_ms)
         plan, self._verify_plan = self._verify_plan, None
         if plan is not None and (plan.nodes, plan.rows) != (record.verified.num_nodes, record.verified.rows):
             plan = None  # not this pass's plan
