@@ -56,6 +56,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--ttt-steps", type=positive_int, default=DEFAULTS["ttt_steps"], help="passes of the training-time test")
     parser.add_argument("--head-intermediate", type=non_negative_int, default=DEFAULTS["head_intermediate"],
                         help="the head's MLP width (0: 4 x hidden)")
+    parser.add_argument("--head-layers", type=positive_int, default=DEFAULTS["head_layers"],
+                        help="decoder layers in the head (EAGLE-3 heads publish 1; more draft slower and may accept more)")
     parser.add_argument("--init", default=None, metavar="HEAD_FOLDER",
                         help="--kind eagle3: train further from this head (any layout: speculators, EAGLE, SpecForge, "
                              "AngelSlim), keeping its vocabulary and feature layers; e.g. a published head fine-tuned "
@@ -86,6 +88,7 @@ def settings_from_args(args: argparse.Namespace) -> DraftTrainSettings:
     return DraftTrainSettings(
         out=args.out, minutes=args.minutes, steps=args.steps, seed=args.seed, draft_vocab=args.draft_vocab,
         batch_size=args.batch_size, ttt_steps=args.ttt_steps, head_intermediate=args.head_intermediate,
+        head_layers=args.head_layers,
         aux_layers=args.aux_layers, init=args.init, lr=args.lr, prompt_len=args.prompt_len,
         continuation_len=args.continuation_len, sampled_share=args.sampled_share,
         random_prompt_share=args.random_prompt_share,

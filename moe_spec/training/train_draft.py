@@ -50,6 +50,7 @@ class DraftTrainSettings:
     seed: int = 0
     draft_vocab: int = 2048
     head_intermediate: int = 0  # the head's MLP width; 0: 4 x hidden (a smaller head drafts faster)
+    head_layers: int = 1  # decoder layers in the head: the first reads [embedding, fused features], the rest are plain
     aux_layers: tuple[int, ...] | None = None  # target hidden states the head fuses; None: the target's default
     batch_size: int = 8
     prompt_len: int = 96
@@ -70,6 +71,8 @@ class DraftTrainSettings:
     def __post_init__(self):
         if self.steps is not None and self.steps < 1:
             raise ValueError("steps must be positive")
+        if self.head_layers < 1:
+            raise ValueError(f"head_layers must be >= 1, got {self.head_layers}")
         if self.ttt_steps < 1 or self.batch_size < 1 or self.prompt_len < 2 or self.continuation_len < 0:
             raise ValueError(f"invalid settings {self}")
         for name in ("sampled_share", "random_prompt_share", "repeat_prompt_share"):
@@ -264,7 +267,8 @@ def train_draft(target: TargetModel, data: TokenData, settings: DraftTrainSettin
         if start_head is None:
             d2t = _draft_vocabulary(target, data, batches, settings, accelerator)
             head = EagleHead(config_for_target(target, draft_vocab_size=d2t.numel(),
-                                               intermediate_size=settings.head_intermediate), d2t).train()
+                                               intermediate_size=settings.head_intermediate,
+                                               num_layers=settings.head_layers), d2t).train()
         else:
             head = start_head.train()
         step_module = DistillLoss(head, settings.ttt_steps, settings.ttt_decay)
@@ -322,6 +326,9 @@ def _starting_head(target: TargetModel, settings: DraftTrainSettings) -> EagleHe
     if settings.aux_layers is not None and tuple(sorted(settings.aux_layers)) != tuple(layers):
         raise ValueError(f"aux_layers {list(settings.aux_layers)}: the head in init {settings.init} fuses "
                          f"{list(layers)}; a head keeps its feature layers when trained further")
+    if settings.head_layers not in (1, head.config.num_layers):
+        raise ValueError(f"head_layers {settings.head_layers}: the head in init {settings.init} has "
+                         f"{head.config.num_layers}; a head keeps its depth when trained further")
     if head.embed_tokens is not None:
         head.embed_tokens.requires_grad_(False)
     return head

@@ -54,6 +54,29 @@ def test_trained_head_reloads_and_decodes_like_generate(model_type, tmp_path):
     assert torch.equal(out.sequences, reference)
 
 
+def test_a_deeper_head_trains_saves_its_layers_and_decodes_losslessly(tmp_path):
+    """`head_layers` 2: the second layer is a plain decoder layer of the head's width, written as
+    speculators' `layers.1.*` and read back with both layers' trained weights."""
+    model = tiny_model("deepseek_v3")
+    target = TargetModel(model)
+    train_draft.train_draft(target, _data(), _settings(tmp_path, steps=3, head_layers=2))
+    config = json.loads((tmp_path / "config.json").read_text())
+    assert config["transformer_layer_config"]["num_hidden_layers"] == 2
+    head = EagleHead.from_pretrained(tmp_path)
+    assert head.config.num_layers == 2 and len(head.layers) == 2
+    assert head.layers[1].self_attn.q_proj.in_features == head.config.hidden_size  # only layer 0 reads 2H
+    drafter = EagleDrafter.from_pretrained(tmp_path, target)
+    prompt = torch.randint(3, 96, (1, 10), generator=torch.Generator().manual_seed(6))
+    out = SpecDecoder(target, drafter=drafter).generate(prompt, max_new_tokens=20, eos_token_id=[])
+    reference = model.generate(prompt, do_sample=False, max_new_tokens=20, min_new_tokens=20, eos_token_id=[],
+                               pad_token_id=0)
+    assert torch.equal(out.sequences, reference)
+    with pytest.raises(ValueError, match="head_layers"):
+        DraftTrainSettings(out=str(tmp_path), head_layers=0)
+    with pytest.raises(ValueError, match="head_layers 3: .* has 2"):
+        train_draft.train_draft(target, _data(), _settings(tmp_path / "x", steps=1, init=str(tmp_path), head_layers=3))
+
+
 def test_training_lowers_the_distillation_loss(tmp_path):
     target = TargetModel(tiny_model("qwen3_moe"))
     meta = train_draft.train_draft(target, _data(), _settings(tmp_path, steps=40))
