@@ -43,7 +43,7 @@ def run(bandit: BudgetBandit, rates: dict[str, float], steps: int, request: int,
     return lost / steps
 
 
-def priors(case: str, seed: int, noise: float, swap: float) -> tuple[dict[str, float], dict[str, float]]:
+def rates_and_prior(case: str, seed: int, noise: float, swap: float) -> tuple[dict[str, float], dict[str, float]]:
     """(the run's rates, the prior) for one simulated run."""
     if case == "swap":
         rates = dict(ARMS, **{"chain:1": 1.0 - swap})
@@ -72,7 +72,7 @@ def main() -> None:
         for case in cases:
             regrets = []
             for seed in range(args.seeds):
-                rates, prior = priors(case, seed, args.prior_noise, args.swap)
+                rates, prior = rates_and_prior(case, seed, args.prior_noise, args.swap)
                 bandit = BudgetBandit(tuple(rates), exploration=exploration, prior_steps=prior_steps, priors={KEY: prior})
                 regrets.append(run(bandit, rates, args.steps, args.request, seed))
             regrets.sort()

@@ -57,7 +57,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--head-intermediate", type=non_negative_int, default=DEFAULTS["head_intermediate"],
                         help="the head's MLP width (0: 4 x hidden)")
     parser.add_argument("--head-layers", type=positive_int, default=DEFAULTS["head_layers"],
-                        help="decoder layers in the head (EAGLE-3 heads publish 1; more draft slower and may accept more)")
+                        help="decoder layers in the head (default 1, or the --init head's; published EAGLE-3 heads have 1, "
+                             "more draft slower and may accept more)")
     parser.add_argument("--init", default=None, metavar="HEAD_FOLDER",
                         help="--kind eagle3: train further from this head (any layout: speculators, EAGLE, SpecForge, "
                              "AngelSlim), keeping its vocabulary and feature layers; e.g. a published head fine-tuned "

@@ -35,8 +35,7 @@ class _StepCounter(DecodeObserver):
         self.records: list[tuple[float, float]] = []  # (tokens, ms) per step
 
     def on_step(self, record: StepRecord) -> None:
-        ms = record.step_ms
-        self.records.append((float(record.tokens_produced), ms))
+        self.records.append((float(record.tokens_produced), record.step_ms))
 
 
 def arm_rates_stage(

@@ -129,9 +129,8 @@ class BoundedController:
         # not yet resident, a short prefix): judged, they made the arm that happened to open each
         # request look worst and the choice rotate among the fixed budgets
         if self._steps > self.settle_steps:
-            ms = record.step_ms
             tokens, credits = self._told(record)
-            self.bandit.record(self._key(record.verified.rows), self._arm, tokens, ms, credits=credits)
+            self.bandit.record(self._key(record.verified.rows), self._arm, tokens, record.step_ms, credits=credits)
         self._arm = self._next_arm
 
     def _told(self, record: StepRecord) -> tuple[float, dict[str, float]]:

@@ -50,7 +50,9 @@ class DraftTrainSettings:
     seed: int = 0
     draft_vocab: int = 2048
     head_intermediate: int = 0  # the head's MLP width; 0: 4 x hidden (a smaller head drafts faster)
-    head_layers: int = 1  # decoder layers in the head: the first reads [embedding, fused features], the rest are plain
+    # decoder layers in the head: the first reads [embedding, fused features], the rest are plain;
+    # None: 1 for a fresh head, the depth of the head in `init`
+    head_layers: int | None = None
     aux_layers: tuple[int, ...] | None = None  # target hidden states the head fuses; None: the target's default
     batch_size: int = 8
     prompt_len: int = 96
@@ -71,7 +73,7 @@ class DraftTrainSettings:
     def __post_init__(self):
         if self.steps is not None and self.steps < 1:
             raise ValueError("steps must be positive")
-        if self.head_layers < 1:
+        if self.head_layers is not None and self.head_layers < 1:
             raise ValueError(f"head_layers must be >= 1, got {self.head_layers}")
         if self.ttt_steps < 1 or self.batch_size < 1 or self.prompt_len < 2 or self.continuation_len < 0:
             raise ValueError(f"invalid settings {self}")
@@ -268,7 +270,7 @@ def train_draft(target: TargetModel, data: TokenData, settings: DraftTrainSettin
             d2t = _draft_vocabulary(target, data, batches, settings, accelerator)
             head = EagleHead(config_for_target(target, draft_vocab_size=d2t.numel(),
                                                intermediate_size=settings.head_intermediate,
-                                               num_layers=settings.head_layers), d2t).train()
+                                               num_layers=settings.head_layers or 1), d2t).train()
         else:
             head = start_head.train()
         step_module = DistillLoss(head, settings.ttt_steps, settings.ttt_decay)
@@ -326,7 +328,7 @@ def _starting_head(target: TargetModel, settings: DraftTrainSettings) -> EagleHe
     if settings.aux_layers is not None and tuple(sorted(settings.aux_layers)) != tuple(layers):
         raise ValueError(f"aux_layers {list(settings.aux_layers)}: the head in init {settings.init} fuses "
                          f"{list(layers)}; a head keeps its feature layers when trained further")
-    if settings.head_layers not in (1, head.config.num_layers):
+    if settings.head_layers is not None and settings.head_layers != head.config.num_layers:
         raise ValueError(f"head_layers {settings.head_layers}: the head in init {settings.init} has "
                          f"{head.config.num_layers}; a head keeps its depth when trained further")
     if head.embed_tokens is not None:

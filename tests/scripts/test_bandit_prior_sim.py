@@ -28,7 +28,7 @@ def test_a_heavier_prior_loses_less_when_it_ranks_right_and_more_when_it_swaps_t
 
 
 def test_the_swapped_prior_ranks_the_runs_second_arm_first():
-    rates, prior = bandit_prior_sim.priors("swap", 0, 0.0, 0.1)
+    rates, prior = bandit_prior_sim.rates_and_prior("swap", 0, 0.0, 0.1)
     assert max(rates, key=rates.get) == "chain:2" and max(prior, key=prior.get) == "chain:1"
-    rates, prior = bandit_prior_sim.priors("noisy", 3, 0.05, 0.1)
+    rates, prior = bandit_prior_sim.rates_and_prior("noisy", 3, 0.05, 0.1)
     assert rates == bandit_prior_sim.ARMS and all(abs(prior[a] / rates[a] - 1) <= 0.05 for a in rates)

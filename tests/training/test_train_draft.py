@@ -73,8 +73,10 @@ def test_a_deeper_head_trains_saves_its_layers_and_decodes_losslessly(tmp_path):
     assert torch.equal(out.sequences, reference)
     with pytest.raises(ValueError, match="head_layers"):
         DraftTrainSettings(out=str(tmp_path), head_layers=0)
-    with pytest.raises(ValueError, match="head_layers 3: .* has 2"):
-        train_draft.train_draft(target, _data(), _settings(tmp_path / "x", steps=1, init=str(tmp_path), head_layers=3))
+    for other in (1, 3):  # 1 too: asked for by name, not the fresh head's default
+        with pytest.raises(ValueError, match=f"head_layers {other}: .* has 2"):
+            train_draft.train_draft(target, _data(), _settings(tmp_path / "x", steps=1, init=str(tmp_path),
+                                                               head_layers=other))
 
 
 def test_training_lowers_the_distillation_loss(tmp_path):
