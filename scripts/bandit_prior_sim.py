@@ -5,10 +5,12 @@ Each simulated run has `--steps` steps over seven arms whose rates sit as the T 
 embedded pair do (the best, two within 5-7%, four 10-20% behind). A step makes 1-5 tokens (uniform,
 as accepted lengths swing) times its request's difficulty, drawn anew every `--request` steps and
 shared by every arm (the prompt mix: code, prose, copies and random text accept very differently),
-in a time of 3 / rate ms +-20%. The profile's prior is each arm's rate times a factor within
+in a time of 3 / rate ms +-20%. Each step carries a reference, the tokens its first drafted node
+alone would make (1, or 1 + 0.8 difficulty where the step made more than 1 x difficulty), which
+the bandit adjusts arms' tokens to where `--adjust` says so. The profile's prior is each arm's rate times a factor within
 +-`--prior-noise`, or, in the "swap" case, the two best arms exchanged by `--swap` of a rate.
 
-    python scripts/bandit_prior_sim.py --prior-steps 4,8,16 --exploration 0.35,0.5,0.7
+    python scripts/bandit_prior_sim.py --prior-steps 4,8,16 --exploration 0.35,0.5,0.7 --adjust 0,1
 
 Prints a table (mean and 90th-percentile regret against the best arm, per prior case) and one
 JSON line.
@@ -38,7 +40,9 @@ def run(bandit: BudgetBandit, rates: dict[str, float], steps: int, request: int,
         if step % request == 0:
             difficulty = rng.uniform(0.6, 1.4)
         arm = bandit.choose(KEY)
-        bandit.record(KEY, arm, rng.randint(1, 5) * difficulty, 3 / rates[arm] * rng.uniform(0.8, 1.2))
+        made = rng.randint(1, 5)
+        bandit.record(KEY, arm, made * difficulty, 3 / rates[arm] * rng.uniform(0.8, 1.2),
+                      reference=1 + 0.8 * difficulty * (made > 1))
         lost += 1 - rates[arm] / best
     return lost / steps
 
@@ -56,6 +60,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--prior-steps", default="4,8,16")
     parser.add_argument("--exploration", default="0.35,0.5,0.7")
+    parser.add_argument("--adjust", default="0,1", help="adjust arms' tokens to the steps' references (0/1)")
     parser.add_argument("--steps", type=int, default=250, help="steps a run (a bench set's regime is 200-400)")
     parser.add_argument("--request", type=int, default=40, help="steps a request (its difficulty is shared)")
     parser.add_argument("--prior-noise", type=float, default=0.08)
@@ -65,20 +70,22 @@ def main() -> None:
     cases = ("noisy", "swap")
     rows = []
     print(f"SIMULATION: {args.steps} steps, requests of {args.request}; regret = mean shortfall against the best arm")
-    print("prior_steps  exploration  " + "  ".join(f"{c:>22s}" for c in cases))
-    for prior_steps, exploration in itertools.product([int(x) for x in args.prior_steps.split(",")],
-                                                      [float(x) for x in args.exploration.split(",")]):
-        row = {"prior_steps": prior_steps, "exploration": exploration}
+    print("adjust  prior_steps  exploration  " + "  ".join(f"{c:>22s}" for c in cases))
+    for adjust, prior_steps, exploration in itertools.product([bool(int(x)) for x in args.adjust.split(",")],
+                                                              [int(x) for x in args.prior_steps.split(",")],
+                                                              [float(x) for x in args.exploration.split(",")]):
+        row = {"adjust": adjust, "prior_steps": prior_steps, "exploration": exploration}
         for case in cases:
             regrets = []
             for seed in range(args.seeds):
                 rates, prior = rates_and_prior(case, seed, args.prior_noise, args.swap)
-                bandit = BudgetBandit(tuple(rates), exploration=exploration, prior_steps=prior_steps, priors={KEY: prior})
+                bandit = BudgetBandit(tuple(rates), exploration=exploration, prior_steps=prior_steps, priors={KEY: prior},
+                                      adjust=adjust)
                 regrets.append(run(bandit, rates, args.steps, args.request, seed))
             regrets.sort()
             row[case] = {"mean": round(statistics.mean(regrets), 4), "p90": round(regrets[int(0.9 * len(regrets))], 4)}
         rows.append(row)
-        print(f"{prior_steps:11d}  {exploration:11.2f}  " + "  ".join(
+        print(f"{adjust:6d}  {prior_steps:11d}  {exploration:11.2f}  " + "  ".join(
             f"{row[c]['mean']:10.3f} (p90 {row[c]['p90']:.3f})" for c in cases))
     print(json.dumps({"command": "bandit_prior_sim", "simulation": True, "steps": args.steps, "request": args.request,
                       "prior_noise": args.prior_noise, "swap": args.swap, "seeds": args.seeds, "rows": rows}))

@@ -83,5 +83,8 @@ def replay_bound(prompts: Sequence[int], sized: Sequence, fixed: dict[int, Seque
         if steps_in_prompt > settings.settle_steps:
             played = nodes.get(arm, 0)
             credits = {PLAIN: 1.0, **{name: float(arms[name][index].tokens) for name, n in nodes.items() if n < played}}
-            bandit.record(key, arm, float(outcome.tokens), outcome.verify_ms + outcome.draft_ms, credits=credits)
+            # as live, a step that drafts tells its difficulty: what its best node alone makes
+            reference = float(fixed[1][index].tokens) if 1 in fixed and arm != PLAIN else None
+            bandit.record(key, arm, float(outcome.tokens), outcome.verify_ms + outcome.draft_ms, credits=credits,
+                          reference=reference)
     return chosen, decisions

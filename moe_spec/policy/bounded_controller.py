@@ -20,9 +20,12 @@ makes on average given its drafts (`fewer_nodes`: exact, without the luck of sam
 draws; under greedy decoding the tokens made). A step also credits the arms whose tokens it tells:
 plain decoding's (one a row) after every step, and every smaller fixed budget's after a fixed
 budget's step or a sized chain, so exploring the larger budget measures the smaller ones'
-acceptance on the same steps. The sizing's
-own steps and plain ones teach its online corrections (machine speed, acceptance per depth); a
-fixed arm's step is not learnt from (predicting its pass afresh cost more than its whole plan).
+acceptance on the same steps. And every step that drafts tells the bandit its difficulty alike,
+whichever arm decided it (the tokens its best drafted node alone makes), so that each arm's tokens
+are judged at the run's recent difficulty, not at that of the requests it happened to decide
+(`BudgetBandit`). The sizing's own steps and plain ones teach its online corrections (machine
+speed, acceptance per depth); a fixed arm's step is not learnt from (predicting its pass afresh
+cost more than its whole plan).
 """
 
 from __future__ import annotations
@@ -129,15 +132,18 @@ class BoundedController:
         # not yet resident, a short prefix): judged, they made the arm that happened to open each
         # request look worst and the choice rotate among the fixed budgets
         if self._steps > self.settle_steps:
-            tokens, credits = self._told(record)
-            self.bandit.record(self._key(record.verified.rows), self._arm, tokens, record.step_ms, credits=credits)
+            tokens, credits, reference = self._told(record)
+            self.bandit.record(self._key(record.verified.rows), self._arm, tokens, record.step_ms, credits=credits,
+                               reference=reference)
         self._arm = self._next_arm
 
-    def _told(self, record: StepRecord) -> tuple[float, dict[str, float]]:
+    def _told(self, record: StepRecord) -> tuple[float, dict[str, float], float | None]:
         """The step's tokens, on average given its drafts (`fewer_nodes`; else as the sizing counts
-        them), and what other arms would have made on it, where the record tells it: plain decoding
+        them), what other arms would have made on it, where the record tells it (plain decoding
         one token a row; after a fixed budget's step or a sized chain, every smaller fixed budget's
-        tokens (the sizing's trees are not a fixed budget's superset)."""
+        tokens: the sizing's trees are not a fixed budget's superset), and the step's reference for
+        the bandit: the tokens its best-scored drafted node alone makes on average, which every arm
+        that drafts tells alike (None for a plain step, a row without drafts, or sampled siblings)."""
         if self._arm in self._static:
             played = self._static[self._arm].budget.max_nodes
         elif self._arm == SIZED and drawn(record.verified):
@@ -146,14 +152,15 @@ class BoundedController:
             played = 0
         smaller = {name: static.budget.max_nodes for name, static in self._static.items()
                    if static.budget.max_nodes < played}
-        wanted = (*smaller.values(), *(() if record.sampling.greedy else (None,)))
+        drafted = min(tree.num_drafted for tree in record.verified)
+        wanted = (*smaller.values(), *(() if record.sampling.greedy else (None,)), *((1,) if drafted else ()))
         told = tokens_by_budget(record, wanted)
         tokens = float(record.tokens_produced) if record.sampling.greedy else told.get(None)
         if tokens is None:
             tokens = self.sizing.tokens_expected(record)
         credits = {PLAIN: float(record.batch)}
         credits.update({name: told[nodes] for name, nodes in smaller.items() if nodes in told})
-        return tokens, credits
+        return tokens, credits, told.get(1) if drafted else None
 
     @property
     def allowed_arms(self) -> tuple[str, ...]:

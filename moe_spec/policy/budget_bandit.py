@@ -34,6 +34,16 @@ judged, its rate counts as `prior_steps` steps of its own, and its scale is the 
 rates are multiplied by what the arms played so far measured against them (the machine may run
 faster or slower than when profiled; the arms' ratios are what carries over). So arms the profile
 found far worse are left alone, and arms near the best are tried as their bonus says.
+
+Requests differ in how much they accept far more than the arms do (a copied passage against random
+text), so an arm judged on the requests it happened to decide is judged on their difficulty as much
+as on its own worth. A step may therefore carry a `reference`: a measure of its difficulty that any
+arm's step tells alike (the bounded controller gives the tokens its best drafted node alone makes,
+`fewer_nodes`). An arm's mean tokens are then regression-adjusted to the regime's recent difficulty
+(the mean reference of its last `window` steps): mean t + b (mean reference of the regime - mean
+reference of the arm's told steps), b the slope of the arm's tokens on the reference over those
+steps (at least 0; none before `MIN_PAIRS` of them). Plain decoding's tokens do not move with it
+(b = 0), a deep tree's move most, and every arm is compared at the same difficulty: the steps now.
 """
 
 from __future__ import annotations
@@ -54,6 +64,7 @@ WINDOW = 32
 MIN_PLAYS = 3
 HORIZON = None
 PRIOR_STEPS = 4  # a profile's measured rate of an arm weighs as much as this many of its own steps
+MIN_PAIRS = 6  # steps with a reference before an arm's tokens are adjusted to the regime's difficulty
 
 
 class RegimeKey(NamedTuple):
@@ -105,7 +116,8 @@ class RunningWindow:
 
 
 class PairedWindow:
-    """The last `size` steps one arm decided, as (tokens, ms) pairs, with running sums."""
+    """The last `size` steps one arm decided, as (tokens, ms) pairs, with running sums (or of the
+    steps that told its tokens, as (tokens, reference) pairs: `ArmWindow.referenced`)."""
 
     def __init__(self, size: int):
         self.size = size
@@ -159,6 +171,32 @@ class PairedWindow:
         spread = max(t2 - 2 * rate * tm + rate * rate * m2, 0.0) / (n - 1)
         return math.sqrt(spread) / (rate * ms / n) if rate > 0 else None
 
+    def slope(self) -> float | None:
+        """The least-squares slope of tokens on the second quantity over the window's steps (None
+        before two steps or where the second quantity does not vary)."""
+        spreads = self._centred()
+        return None if spreads is None else spreads[1] / spreads[2]
+
+    def correlation(self) -> float | None:
+        """The correlation of tokens with the second quantity (None where `slope` is or tokens do
+        not vary)."""
+        spreads = self._centred()
+        if spreads is None or spreads[0] <= 1e-12 * max(self._sums[2], 1.0):
+            return None
+        return spreads[1] / math.sqrt(spreads[0] * spreads[2])
+
+    def _centred(self) -> tuple[float, float, float] | None:
+        """n times the tokens' variance, covariance and second quantity's variance (None before two
+        steps or where the second quantity does not vary)."""
+        n = len(self.steps)
+        if n < 2:
+            return None
+        tokens, other, tokens2, cross, other2 = self._sums
+        spread = other2 - other * other / n
+        if spread <= 1e-12 * max(other2, 1.0):
+            return None
+        return max(tokens2 - tokens * tokens / n, 0.0), cross - tokens * other / n, spread
+
     def ms_spread(self) -> float | None:
         """The steps' ms standard deviation over their mean (None before two steps)."""
         n = len(self.steps)
@@ -170,39 +208,65 @@ class PairedWindow:
 
 
 class ArmWindow:
-    """One arm's evidence: the last `window` steps it decided (tokens and ms), and the tokens of the
-    last `window` steps that tell its tokens: its own, and those that credit it. Without credits
-    both hold the same steps, and the rate is their ratio of sums."""
+    """One arm's evidence: the last `window` steps it decided (tokens and ms), the tokens of the
+    last `window` steps that tell its tokens (its own, and those that credit it), and of those with
+    a reference, (tokens, reference) pairs. Without credits or references the rate is the ratio of
+    its own steps' sums."""
 
     def __init__(self, window: int = 32):
         self.own = PairedWindow(window)
         self.tokens_window = RunningWindow(window)
+        self.referenced = PairedWindow(window)  # (tokens, reference) of told steps with a reference
         self.told = 0  # steps that ever told its tokens, forgotten or not
 
-    def add(self, tokens: float, ms: float, step: int = 0) -> None:
+    def add(self, tokens: float, ms: float, step: int = 0, reference: float | None = None) -> None:
         """A step the arm decided (`step`: the regime's step count when it was taken)."""
         self.own.add(tokens, ms, step)
-        self.tokens_window.add(tokens, step)
-        self.told += 1
+        self.credit(tokens, step, reference)
 
-    def credit(self, tokens: float, step: int = 0) -> None:
-        """What the arm would have made on a step another arm decided."""
+    def credit(self, tokens: float, step: int = 0, reference: float | None = None) -> None:
+        """What the arm made, or would have made, on a step (another arm's: a credit)."""
         self.tokens_window.add(tokens, step)
+        if reference is not None:
+            self.referenced.add(tokens, reference, step)
         self.told += 1
 
     def forget_before(self, step: int) -> None:
         self.own.forget_before(step)
         self.tokens_window.forget_before(step)
+        self.referenced.forget_before(step)
+
+    def tokens_at(self, reference: float | None) -> float:
+        """Mean tokens a step, adjusted to steps of mean `reference` (None: unadjusted)."""
+        mean = self.tokens_window.mean
+        slope = self._slope()
+        if reference is None or slope is None:
+            return mean
+        return max(mean + slope * (reference - self.referenced.mean_ms), 0.0)  # mean_ms: the mean reference
+
+    def unexplained(self) -> float | None:
+        """The share of the tokens' variance the reference leaves unexplained, 1 - correlation^2
+        (None where the tokens are not adjusted)."""
+        if self._slope() is None:
+            return None
+        correlation = self.referenced.correlation()
+        return None if correlation is None else 1.0 - correlation * correlation
+
+    def _slope(self) -> float | None:
+        """The adjustment's slope: positive, from at least `MIN_PAIRS` referenced steps, or None."""
+        if len(self.referenced) < MIN_PAIRS:
+            return None
+        slope = self.referenced.slope()
+        return slope if slope is not None and slope > 0 else None
+
+    def rate_at(self, reference: float | None) -> float:
+        """Adjusted mean tokens a step (`tokens_at`) over mean ms a step."""
+        return self.tokens_at(reference) / self.own.mean_ms
 
     @property
     def plays(self) -> int:
         """Steps in the window that the arm decided."""
         return len(self.own)
-
-    @property
-    def rate(self) -> float:
-        """Mean tokens a step over mean ms a step."""
-        return self.tokens_window.mean / self.own.mean_ms
 
 
 class BudgetBandit:
@@ -218,7 +282,8 @@ class BudgetBandit:
 
     def __init__(self, arms: tuple[str, ...], exploration: float = EXPLORATION, window: int = WINDOW,
                  min_plays: int = MIN_PLAYS, horizon: int | None = HORIZON,
-                 priors: dict[RegimeKey, dict[str, float]] | None = None, prior_steps: int = PRIOR_STEPS):
+                 priors: dict[RegimeKey, dict[str, float]] | None = None, prior_steps: int = PRIOR_STEPS,
+                 adjust: bool = True):
         if not arms:
             raise ValueError("a bandit needs at least one arm")
         if horizon is not None and horizon < 1:
@@ -233,6 +298,8 @@ class BudgetBandit:
         self.exploration = exploration
         self.window = window
         self.min_plays = min_plays  # steps that tell each arm's tokens before any is judged
+        self.adjust = adjust  # arms' tokens adjusted to the regime's recent difficulty (references)
+        self._references: dict[RegimeKey, RunningWindow] = {}  # the last `window` steps' references
         # evidence older than this many of the regime's steps is forgotten (None: kept until the
         # window drops it): an arm left unplayed is judged afresh, not forever by its old steps
         self.horizon = horizon
@@ -269,29 +336,34 @@ class BudgetBandit:
         ratio_spread = self._pooled([(windows[arm].own.ratio_spread(), windows[arm].plays) for arm in candidates])
         ms_spread = min(self._pooled([(windows[arm].own.ms_spread(), windows[arm].plays) for arm in candidates]),
                         ratio_spread)
-        tokens_part = ratio_spread ** 2 - ms_spread ** 2  # the part of the error that credits shrink
+        # the part of the error that credits shrink, less what the steps' references explain
+        tokens_part = (ratio_spread ** 2 - ms_spread ** 2) * self._pooled(
+            [(windows[arm].unexplained(), len(windows[arm].referenced)) for arm in candidates])
         log_term = math.log(max(total, 2))
-        scale = self._prior_scale(windows, candidates, prior)
+        reference = self.reference(key)
+        rates = {arm: windows[arm].rate_at(reference) for arm in candidates if windows[arm].plays}
+        scale = self._prior_scale(rates, windows, prior)
 
         def index(arm: str) -> float:
             window, weight = windows[arm], self.prior_steps if arm in prior else 0
             if not window.plays:  # an arm with a prior only
                 return scale * prior[arm] + self.exploration * rate * math.sqrt(log_term * ratio_spread ** 2 / weight)
-            mean = (window.rate * window.plays + scale * prior[arm] * weight) / (window.plays + weight) if weight \
-                else window.rate
+            mean = (rates[arm] * window.plays + scale * prior[arm] * weight) / (window.plays + weight) if weight \
+                else rates[arm]
             error = tokens_part / (len(window.tokens_window) + weight) + ms_spread ** 2 / (window.plays + weight)
             return mean + self.exploration * rate * math.sqrt(log_term * error)
 
         return max(candidates, key=index)
 
     @staticmethod
-    def _prior_scale(windows: dict[str, ArmWindow], arms: list[str], prior: dict[str, float]) -> float:
-        """What the run measures against the profile: the plays-weighted mean, over played arms with
-        a prior, of measured rate / prior rate (1.0 before any of them has played)."""
+    def _prior_scale(rates: dict[str, float], windows: dict[str, ArmWindow], prior: dict[str, float]) -> float:
+        """What the run measures against the profile: the plays-weighted mean, over played arms
+        (`rates`: arm -> its measured rate) with a prior, of measured rate / prior rate (1.0 before
+        any of them has played)."""
         measured = plays = 0.0
-        for arm in arms:
-            if arm in prior and windows[arm].plays:
-                measured += windows[arm].plays * windows[arm].rate / prior[arm]
+        for arm, rate in rates.items():
+            if arm in prior:
+                measured += windows[arm].plays * rate / prior[arm]
                 plays += windows[arm].plays
         return measured / plays if plays else 1.0
 
@@ -302,7 +374,7 @@ class BudgetBandit:
 
     @staticmethod
     def _pooled(spreads: list[tuple[float | None, int]]) -> float:
-        """The plays-weighted mean of the arms' spreads (1.0 before any arm has two steps)."""
+        """The count-weighted mean of the arms' spreads (or shares; 1.0 before any arm has one)."""
         weighted = plays = 0.0
         for spread, count in spreads:
             if spread is not None:
@@ -311,19 +383,32 @@ class BudgetBandit:
         return weighted / plays if plays else 1.0
 
     def record(self, key: RegimeKey, arm: str, tokens: float, ms: float,
-               credits: dict[str, float] | None = None) -> None:
+               credits: dict[str, float] | None = None, reference: float | None = None) -> None:
         """What a step `arm` decided made (tokens, expected where known) and cost (ms, all of it),
-        and `credits`: arm -> the tokens that arm would have made on the same step, exactly."""
+        `credits`: arm -> the tokens that arm would have made on the same step, exactly, and the
+        step's `reference` (its difficulty as any arm's step tells it alike; None: not told)."""
         if ms <= 0:
             return
         windows = self.windows(key)
         step = self._clock.get(key, 0)
         self._clock[key] = step + 1
-        windows[arm].add(tokens, ms, step)
+        reference = reference if self.adjust else None
+        if reference is not None:
+            self._references.setdefault(key, RunningWindow(self.window)).add(reference, step)
+        windows[arm].add(tokens, ms, step, reference)
         for other, made in (credits or {}).items():
             if other != arm and other in windows:
-                windows[other].credit(made, step)
+                windows[other].credit(made, step, reference)
+
+    def reference(self, key: RegimeKey) -> float | None:
+        """The regime's recent difficulty: the mean reference of its last `window` steps with one,
+        within the horizon (None: none)."""
+        window = self._references.get(key)
+        if window is not None and self.horizon is not None:
+            window.forget_before(self._clock.get(key, 0) - self.horizon)
+        return window.mean if window else None
 
     def rates(self, key: RegimeKey) -> dict[str, float]:
-        """Each played arm's measured rate in this regime (tokens per ms)."""
-        return {arm: window.rate for arm, window in self.windows(key).items() if window.plays}
+        """Each played arm's measured rate in this regime (tokens per ms), at its recent difficulty."""
+        reference = self.reference(key)
+        return {arm: window.rate_at(reference) for arm, window in self.windows(key).items() if window.plays}

@@ -132,6 +132,8 @@ def test_moe_aware_is_bounded_in_a_real_run_and_learns_across_requests():
     windows = controller.bandit.windows(ONE_ROW).values()
     judged = steps - 3 * controller.settle_steps  # each request's first steps are not judged
     assert sum(window.plays for window in windows) == judged, "every request's steps are kept for the next"
+    references = controller.bandit._references[ONE_ROW].values
+    assert references and set(references) <= {1.0, 2.0}, "greedy: the best node alone is accepted or not"
 
 
 def _nested_play(credit: bool, seed: int, steps: int = 400) -> tuple[float, float]:
@@ -171,7 +173,7 @@ def test_credited_tokens_enter_the_rate_without_counting_as_plays():
     bandit.record(ONE_ROW, "small", 2.0, 5.0)
     windows = bandit.windows(ONE_ROW)
     assert windows["small"].plays == 1 and len(windows["small"].tokens_window) == 4
-    assert windows["small"].rate == pytest.approx(2.0 / 5.0) and windows["big"].rate == pytest.approx(0.4)
+    assert windows["small"].rate_at(None) == pytest.approx(2.0 / 5.0) and windows["big"].rate_at(None) == pytest.approx(0.4)
 
 
 def _sampled_sizing(target, profile) -> MoeAwareController:
@@ -219,6 +221,9 @@ def test_sampled_steps_credit_the_shorter_chains_with_their_expected_tokens():
     assert len(chain1.tokens_window) > chain1.plays, "longer chains' steps told chain:1's tokens"
     assert all(1.0 <= tokens <= 2.0 for tokens in chain1.tokens_window.values)
     assert any(tokens != round(tokens) for tokens in chain1.tokens_window.values), "expected, not drawn, tokens"
+    references = controller.bandit._references[RegimeKey.of(SamplingConfig(1.0), 1)].values
+    assert references and all(1.0 <= r <= 2.0 for r in references), "1 + P(the first draw is accepted)"
+    assert len(chain1.referenced) == len(chain1.tokens_window), "every step that tells its tokens drafted: a reference"
 
 
 def test_bounded_moe_aware_keeps_the_target_distribution_with_sampled_chains():

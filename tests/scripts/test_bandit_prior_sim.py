@@ -14,7 +14,8 @@ spec.loader.exec_module(bandit_prior_sim)
 
 def test_a_heavier_prior_loses_less_when_it_ranks_right_and_more_when_it_swaps_the_best(monkeypatch, capsys):
     monkeypatch.setattr(sys, "argv", ["bandit_prior_sim.py", "--prior-steps", "4,16", "--exploration", "0.7",
-                                      "--seeds", "8", "--steps", "200", "--prior-noise", "0.03", "--swap", "0.15"])
+                                      "--seeds", "8", "--steps", "200", "--prior-noise", "0.03", "--swap", "0.15",
+                                      "--adjust", "0"])
     bandit_prior_sim.main()
     out = capsys.readouterr().out.strip().splitlines()
     assert out[0].startswith("SIMULATION")
@@ -32,3 +33,13 @@ def test_the_swapped_prior_ranks_the_runs_second_arm_first():
     assert max(rates, key=rates.get) == "chain:2" and max(prior, key=prior.get) == "chain:1"
     rates, prior = bandit_prior_sim.rates_and_prior("noisy", 3, 0.05, 0.1)
     assert rates == bandit_prior_sim.ARMS and all(abs(prior[a] / rates[a] - 1) <= 0.05 for a in rates)
+
+
+def test_adjusting_to_the_steps_references_loses_less_than_judging_each_arm_on_its_own_requests(monkeypatch, capsys):
+    monkeypatch.setattr(sys, "argv", ["bandit_prior_sim.py", "--prior-steps", "4", "--exploration", "0.7",
+                                      "--seeds", "12", "--steps", "250", "--adjust", "0,1"])
+    bandit_prior_sim.main()
+    unadjusted, adjusted = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["rows"]
+    assert (unadjusted["adjust"], adjusted["adjust"]) == (False, True)
+    for case in ("noisy", "swap"):
+        assert adjusted[case]["mean"] < unadjusted[case]["mean"], case
