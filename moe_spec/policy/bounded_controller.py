@@ -22,7 +22,7 @@ plain decoding's (one a row) after every step, and every smaller fixed budget's 
 budget's step or a sized chain, so exploring the larger budget measures the smaller ones'
 acceptance on the same steps. And every step that drafts tells the bandit its difficulty alike,
 whichever arm decided it (the tokens its best drafted node alone makes), so that each arm's tokens
-are judged at the run's recent difficulty, not at that of the requests it happened to decide
+are judged at the run's difficulty, not at that of the requests it happened to decide
 (`BudgetBandit`). The sizing's own steps and plain ones teach its online corrections (machine
 speed, acceptance per depth); a fixed arm's step is not learnt from (predicting its pass afresh
 cost more than its whole plan).

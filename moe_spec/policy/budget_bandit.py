@@ -39,11 +39,13 @@ Requests differ in how much they accept far more than the arms do (a copied pass
 text), so an arm judged on the requests it happened to decide is judged on their difficulty as much
 as on its own worth. A step may therefore carry a `reference`: a measure of its difficulty that any
 arm's step tells alike (the bounded controller gives the tokens its best drafted node alone makes,
-`fewer_nodes`). An arm's mean tokens are then regression-adjusted to the regime's recent difficulty
-(the mean reference of its last `window` steps): mean t + b (mean reference of the regime - mean
-reference of the arm's told steps), b the slope of the arm's tokens on the reference over those
-steps (at least 0; none before `MIN_PAIRS` of them). Plain decoding's tokens do not move with it
-(b = 0), a deep tree's move most, and every arm is compared at the same difficulty: the steps now.
+`fewer_nodes`). An arm's mean tokens are then regression-adjusted to the regime's difficulty (the
+mean reference of its last `REFERENCE_STEPS` steps): mean t + b (mean reference of the regime -
+mean reference of the arm's told steps), b the slope of the arm's tokens on the reference over those
+steps (positive; none before `MIN_PAIRS` of them). Plain decoding's tokens do not move with it
+(b = 0), a deep tree's move most, and every arm is compared at the same difficulty: the run's, at
+which a constant arm is best or not (the request decoding now's would chase each prompt on a slope
+fitted from a few steps).
 """
 
 from __future__ import annotations
@@ -64,7 +66,10 @@ WINDOW = 32
 MIN_PLAYS = 3
 HORIZON = None
 PRIOR_STEPS = 4  # a profile's measured rate of an arm weighs as much as this many of its own steps
-MIN_PAIRS = 6  # steps with a reference before an arm's tokens are adjusted to the regime's difficulty
+MIN_PAIRS = 8  # steps with a reference before an arm's tokens are adjusted to the regime's difficulty
+# the regime's difficulty is the mean reference of this many of its last steps (within the horizon):
+# the run's level, which each arm's constant rate is judged at, not the request decoding now's
+REFERENCE_STEPS = 1024
 
 
 class RegimeKey(NamedTuple):
@@ -175,27 +180,19 @@ class PairedWindow:
         """The least-squares slope of tokens on the second quantity over the window's steps (None
         before two steps or where the second quantity does not vary)."""
         spreads = self._centred()
-        return None if spreads is None else spreads[1] / spreads[2]
+        return None if spreads is None else spreads[0] / spreads[1]
 
-    def correlation(self) -> float | None:
-        """The correlation of tokens with the second quantity (None where `slope` is or tokens do
-        not vary)."""
-        spreads = self._centred()
-        if spreads is None or spreads[0] <= 1e-12 * max(self._sums[2], 1.0):
-            return None
-        return spreads[1] / math.sqrt(spreads[0] * spreads[2])
-
-    def _centred(self) -> tuple[float, float, float] | None:
-        """n times the tokens' variance, covariance and second quantity's variance (None before two
-        steps or where the second quantity does not vary)."""
+    def _centred(self) -> tuple[float, float] | None:
+        """n times the covariance of tokens with the second quantity and that quantity's variance
+        (None before two steps or where the second quantity does not vary)."""
         n = len(self.steps)
         if n < 2:
             return None
-        tokens, other, tokens2, cross, other2 = self._sums
+        tokens, other, _, cross, other2 = self._sums
         spread = other2 - other * other / n
         if spread <= 1e-12 * max(other2, 1.0):
             return None
-        return max(tokens2 - tokens * tokens / n, 0.0), cross - tokens * other / n, spread
+        return cross - tokens * other / n, spread
 
     def ms_spread(self) -> float | None:
         """The steps' ms standard deviation over their mean (None before two steps)."""
@@ -244,14 +241,6 @@ class ArmWindow:
             return mean
         return max(mean + slope * (reference - self.referenced.mean_ms), 0.0)  # mean_ms: the mean reference
 
-    def unexplained(self) -> float | None:
-        """The share of the tokens' variance the reference leaves unexplained, 1 - correlation^2
-        (None where the tokens are not adjusted)."""
-        if self._slope() is None:
-            return None
-        correlation = self.referenced.correlation()
-        return None if correlation is None else 1.0 - correlation * correlation
-
     def _slope(self) -> float | None:
         """The adjustment's slope: positive, from at least `MIN_PAIRS` referenced steps, or None."""
         if len(self.referenced) < MIN_PAIRS:
@@ -298,8 +287,8 @@ class BudgetBandit:
         self.exploration = exploration
         self.window = window
         self.min_plays = min_plays  # steps that tell each arm's tokens before any is judged
-        self.adjust = adjust  # arms' tokens adjusted to the regime's recent difficulty (references)
-        self._references: dict[RegimeKey, RunningWindow] = {}  # the last `window` steps' references
+        self.adjust = adjust  # arms' tokens adjusted to the regime's difficulty (references)
+        self._references: dict[RegimeKey, RunningWindow] = {}  # the last `REFERENCE_STEPS` steps' references
         # evidence older than this many of the regime's steps is forgotten (None: kept until the
         # window drops it): an arm left unplayed is judged afresh, not forever by its old steps
         self.horizon = horizon
@@ -336,9 +325,7 @@ class BudgetBandit:
         ratio_spread = self._pooled([(windows[arm].own.ratio_spread(), windows[arm].plays) for arm in candidates])
         ms_spread = min(self._pooled([(windows[arm].own.ms_spread(), windows[arm].plays) for arm in candidates]),
                         ratio_spread)
-        # the part of the error that credits shrink, less what the steps' references explain
-        tokens_part = (ratio_spread ** 2 - ms_spread ** 2) * self._pooled(
-            [(windows[arm].unexplained(), len(windows[arm].referenced)) for arm in candidates])
+        tokens_part = ratio_spread ** 2 - ms_spread ** 2  # the part of the error that credits shrink
         log_term = math.log(max(total, 2))
         reference = self.reference(key)
         rates = {arm: windows[arm].rate_at(reference) for arm in candidates if windows[arm].plays}
@@ -374,7 +361,7 @@ class BudgetBandit:
 
     @staticmethod
     def _pooled(spreads: list[tuple[float | None, int]]) -> float:
-        """The count-weighted mean of the arms' spreads (or shares; 1.0 before any arm has one)."""
+        """The plays-weighted mean of the arms' spreads (1.0 before any arm has two steps)."""
         weighted = plays = 0.0
         for spread, count in spreads:
             if spread is not None:
@@ -394,14 +381,14 @@ class BudgetBandit:
         self._clock[key] = step + 1
         reference = reference if self.adjust else None
         if reference is not None:
-            self._references.setdefault(key, RunningWindow(self.window)).add(reference, step)
+            self._references.setdefault(key, RunningWindow(REFERENCE_STEPS)).add(reference, step)
         windows[arm].add(tokens, ms, step, reference)
         for other, made in (credits or {}).items():
             if other != arm and other in windows:
                 windows[other].credit(made, step, reference)
 
     def reference(self, key: RegimeKey) -> float | None:
-        """The regime's recent difficulty: the mean reference of its last `window` steps with one,
+        """The regime's difficulty: the mean reference of its last `REFERENCE_STEPS` steps with one,
         within the horizon (None: none)."""
         window = self._references.get(key)
         if window is not None and self.horizon is not None:
@@ -409,6 +396,6 @@ class BudgetBandit:
         return window.mean if window else None
 
     def rates(self, key: RegimeKey) -> dict[str, float]:
-        """Each played arm's measured rate in this regime (tokens per ms), at its recent difficulty."""
+        """Each played arm's measured rate in this regime (tokens per ms), at its difficulty."""
         reference = self.reference(key)
         return {arm: window.rate_at(reference) for arm, window in self.windows(key).items() if window.plays}
