@@ -19,8 +19,8 @@ Only the step's own time is measured (draft + plan + verify + acceptance). Its t
 makes on average given its drafts (`fewer_nodes`: exact, without the luck of sampled acceptance
 draws; under greedy decoding the tokens made). A step also credits the arms whose tokens it tells:
 plain decoding's (one a row) after every step, and every smaller fixed budget's after a fixed
-budget's step or a sized chain, so exploring the larger budget measures the smaller ones'
-acceptance on the same steps. And every step that drafts tells the bandit its difficulty alike,
+budget's step, so exploring the larger budget measures the smaller ones' acceptance on the same
+steps (a sized chain credits none: it drafts far only on the steps it finds promising). And every step that drafts tells the bandit its difficulty alike,
 whichever arm decided it (the tokens its best drafted node alone makes), so that each arm's tokens
 are judged at the run's difficulty, not at that of the requests it happened to decide
 (`BudgetBandit`). The sizing's own steps and plain ones teach its online corrections (machine
@@ -38,7 +38,6 @@ from moe_spec.core.forest import StepForest
 from moe_spec.core.sampling import GREEDY, SamplingConfig
 from moe_spec.core.step_record import StepRecord
 from moe_spec.policy.budget_bandit import BudgetBandit, RegimeKey
-from moe_spec.policy.candidate_scheme import drawn
 from moe_spec.policy.fewer_nodes import tokens_by_budget
 from moe_spec.policy.moe_aware import MoeAwareController
 from moe_spec.policy.static import StaticController
@@ -140,16 +139,13 @@ class BoundedController:
     def _told(self, record: StepRecord) -> tuple[float, dict[str, float], float | None]:
         """The step's tokens, on average given its drafts (`fewer_nodes`; else as the sizing counts
         them), what other arms would have made on it, where the record tells it (plain decoding
-        one token a row; after a fixed budget's step or a sized chain, every smaller fixed budget's
-        tokens: the sizing's trees are not a fixed budget's superset), and the step's reference for
-        the bandit: the tokens its best-scored drafted node alone makes on average, which every arm
-        that drafts tells alike (None for a plain step, a row without drafts, or sampled siblings)."""
-        if self._arm in self._static:
-            played = self._static[self._arm].budget.max_nodes
-        elif self._arm == SIZED and drawn(record.verified):
-            played = min(tree.num_drafted for tree in record.verified)
-        else:
-            played = 0
+        one token a row; after a fixed budget's step, every smaller fixed budget's tokens), and the
+        step's reference for the bandit: the tokens its best-scored drafted node alone makes on
+        average, which every arm that drafts tells alike (None for a plain step, a row without
+        drafts, or sampled siblings)."""
+        # a sized chain tells the shorter chains' tokens too, but only on the steps the sizing found
+        # promising enough to draft that far: credited, they would judge those chains on their best steps
+        played = self._static[self._arm].budget.max_nodes if self._arm in self._static else 0
         smaller = {name: static.budget.max_nodes for name, static in self._static.items()
                    if static.budget.max_nodes < played}
         drafted = min(tree.num_drafted for tree in record.verified)
