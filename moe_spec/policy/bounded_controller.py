@@ -66,10 +66,11 @@ def measured_priors(sizing: MoeAwareController) -> dict[RegimeKey, dict[str, flo
 
 class BoundedController:
     """A `MoeAwareController` (built with its gate off) and fixed budgets, chosen per step by a
-    `BudgetBandit`; see the module docstring. `decisions` counts the steps each arm decided."""
+    `BudgetBandit` (`adjust`: its arms judged at the run's difficulty, where no `bandit` is given);
+    see the module docstring. `decisions` counts the steps each arm decided."""
 
     def __init__(self, sizing: MoeAwareController, fixed: tuple[int, ...] = FIXED_ARMS,
-                 bandit: BudgetBandit | None = None):
+                 bandit: BudgetBandit | None = None, adjust: bool = True):
         if sizing.settings.gate:
             raise ValueError("the sizing's own gate must be off: the bandit's plain arm decides plain steps")
         self.sizing = sizing
@@ -79,7 +80,8 @@ class BoundedController:
         chains = {f"chain:{n}": StaticController(TreeBudget(n, n, 1), sizing.scheme, profile) for n in fixed}
         self._shapes = {False: trees, True: chains}  # sampled candidates -> the fixed budgets' methods
         self._static = trees  # the request's, set by `begin`
-        self.bandit = bandit or BudgetBandit((SIZED, *trees, *chains, PLAIN), priors=measured_priors(sizing))
+        self.bandit = bandit or BudgetBandit((SIZED, *trees, *chains, PLAIN), priors=measured_priors(sizing),
+                                             adjust=adjust)
         unknown = set(self.bandit.arms) - {SIZED, PLAIN, *trees, *chains}
         if unknown:
             raise ValueError(f"the bandit's arms {sorted(unknown)} are none of {SIZED!r}, {PLAIN!r} or the fixed budgets")

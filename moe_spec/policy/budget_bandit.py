@@ -236,12 +236,17 @@ class ArmWindow:
     def tokens_at(self, reference: float | None) -> float:
         """Mean tokens a step, adjusted to steps of mean `reference` (None: unadjusted)."""
         mean = self.tokens_window.mean
-        slope = self._slope()
+        slope = self.reference_slope()
         if reference is None or slope is None:
             return mean
-        return max(mean + slope * (reference - self.referenced.mean_ms), 0.0)  # mean_ms: the mean reference
+        return max(mean + slope * (reference - self.mean_reference), 0.0)
 
-    def _slope(self) -> float | None:
+    @property
+    def mean_reference(self) -> float:
+        """The mean reference of the told steps in the window that had one."""
+        return self.referenced.mean_ms  # the pairs' second quantity
+
+    def reference_slope(self) -> float | None:
         """The adjustment's slope: positive, from at least `MIN_PAIRS` referenced steps, or None."""
         if len(self.referenced) < MIN_PAIRS:
             return None

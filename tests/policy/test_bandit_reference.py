@@ -43,8 +43,8 @@ def test_constant_tokens_are_not_adjusted_and_few_referenced_steps_adjust_nothin
         bandit.record(ONE_ROW, "plain", 1.0, 8.0)  # plain steps tell no reference
     windows = bandit.windows(ONE_ROW)
     assert windows["plain"].tokens_at(bandit.reference(ONE_ROW)) == pytest.approx(1.0)
-    assert windows["plain"]._slope() is None, "tokens that do not vary are not adjusted"
-    assert windows["tree"]._slope() == pytest.approx(2.0)
+    assert windows["plain"].reference_slope() is None, "tokens that do not vary are not adjusted"
+    assert windows["tree"].reference_slope() == pytest.approx(2.0)
 
     few = BudgetBandit(("a",))
     for step in range(MIN_PAIRS - 1):
@@ -56,3 +56,16 @@ def test_a_reference_told_to_a_bandit_that_does_not_adjust_is_ignored():
     bandit = BudgetBandit(("a",), adjust=False)
     bandit.record(ONE_ROW, "a", 2.0, 10.0, reference=1.5)
     assert bandit.reference(ONE_ROW) is None and not len(bandit.windows(ONE_ROW)["a"].referenced)
+
+
+def test_the_unadjusted_ablation_is_the_same_bound_with_a_bandit_that_ignores_references():
+    from moe_spec.policy.bounded_controller import BoundedController
+    from moe_spec.policy.registry import build_controller
+
+    from tests.policy.test_controllers import _profiled
+
+    _, _, profile = _profiled("qwen3_moe")
+    adjusted, unadjusted = (build_controller(name, lambda: profile) for name in ("moe-aware", "moe-aware-unadjusted"))
+    assert isinstance(adjusted, BoundedController) and isinstance(unadjusted, BoundedController)
+    assert adjusted.bandit.adjust and not unadjusted.bandit.adjust
+    assert adjusted.bandit.arms == unadjusted.bandit.arms

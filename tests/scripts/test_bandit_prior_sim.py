@@ -43,3 +43,18 @@ def test_adjusting_to_the_steps_references_loses_less_than_judging_each_arm_on_i
     assert (unadjusted["adjust"], adjusted["adjust"]) == (False, True)
     for case in ("noisy", "swap"):
         assert adjusted[case]["mean"] < unadjusted[case]["mean"], case
+
+
+def test_the_chain_simulation_loses_less_with_references(monkeypatch, capsys):
+    spec = importlib.util.spec_from_file_location("bandit_reference_sim", ROOT / "scripts" / "bandit_reference_sim.py")
+    reference_sim = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(reference_sim)
+    assert reference_sim.chain_tokens([0.5, 0.5, 0.5], 2) == 1.75
+    monkeypatch.setattr(sys, "argv", ["bandit_reference_sim.py", "--seeds", "12"])
+    reference_sim.main()
+    out = capsys.readouterr().out.strip().splitlines()
+    assert out[0].startswith("SIMULATION")
+    unadjusted, adjusted = json.loads(out[-1])["rows"]
+    assert (unadjusted["adjust"], adjusted["adjust"]) == (False, True)
+    assert adjusted["mean"] < unadjusted["mean"]
+    assert all(abs(sum(row["decided"].values()) - 1) < 0.01 for row in (unadjusted, adjusted))
