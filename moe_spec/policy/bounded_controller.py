@@ -20,12 +20,12 @@ makes on average given its drafts (`fewer_nodes`: exact, without the luck of sam
 draws; under greedy decoding the tokens made). A step also credits the arms whose tokens it tells:
 plain decoding's (one a row) after every step, and every smaller fixed budget's after a fixed
 budget's step, so exploring the larger budget measures the smaller ones' acceptance on the same
-steps (a sized chain credits none: it drafts far only on the steps it finds promising). And every step that drafts tells the bandit its difficulty alike,
-whichever arm decided it (the tokens its best drafted node alone makes), so that each arm's tokens
-are judged at the run's difficulty, not at that of the requests it happened to decide
-(`BudgetBandit`). The sizing's own steps and plain ones teach its online corrections (machine
-speed, acceptance per depth); a fixed arm's step is not learnt from (predicting its pass afresh
-cost more than its whole plan).
+steps (a sized chain credits none: it drafts far only on the steps it finds promising). And every
+step that drafts tells the bandit its difficulty alike, whichever arm decided it (the tokens its
+best drafted node alone makes), so that each arm's tokens are judged at the run's difficulty, not
+at that of the requests it happened to decide (`BudgetBandit`). The sizing's own steps and plain
+ones teach its online corrections (machine speed, acceptance per depth); a fixed arm's step is not
+learnt from (predicting its pass afresh cost more than its whole plan).
 """
 
 from __future__ import annotations
