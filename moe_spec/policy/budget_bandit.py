@@ -179,20 +179,14 @@ class PairedWindow:
     def slope(self) -> float | None:
         """The least-squares slope of tokens on the second quantity over the window's steps (None
         before two steps or where the second quantity does not vary)."""
-        spreads = self._centred()
-        return None if spreads is None else spreads[0] / spreads[1]
-
-    def _centred(self) -> tuple[float, float] | None:
-        """n times the covariance of tokens with the second quantity and that quantity's variance
-        (None before two steps or where the second quantity does not vary)."""
         n = len(self.steps)
         if n < 2:
             return None
         tokens, other, _, cross, other2 = self._sums
-        spread = other2 - other * other / n
+        spread = other2 - other * other / n  # n times the second quantity's variance
         if spread <= 1e-12 * max(other2, 1.0):
             return None
-        return cross - tokens * other / n, spread
+        return (cross - tokens * other / n) / spread
 
     def ms_spread(self) -> float | None:
         """The steps' ms standard deviation over their mean (None before two steps)."""
