@@ -232,7 +232,7 @@ class SpecDecoder:
             rows=tuple(r.index for r in rows), prefix_lens=tuple(int(n) for n in lengths), candidates=tuple(candidates),
             verified=forest, acceptances=acceptances, argmax=logits.argmax(-1), routing=out.routing,
             verify_ms=(t3 - t2) * 1000, draft_ms=(t1 - t0) * 1000, plan_ms=(t2 - t1) * 1000, accept_ms=(t4 - t3) * 1000,
-            sampling=sampling, logits=None if sampling.greedy else logits, fetch=out.fetch,
+            sampling=sampling, logits=None if sampling.greedy else logits, fetch=out.fetch, started=t0,
         )
         if self.observer is not None:
             self.observer.on_step(record)

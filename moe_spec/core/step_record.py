@@ -64,6 +64,9 @@ class StepRecord:
     acceptance_probs: torch.Tensor | None = None  # [B, W] float64, when computed already (one-row records)
     fetch: FetchCounts | None = None  # offloaded experts: what the pass read, all rows together (None: not offloaded)
     accept_ms: float = 0.0  # after the pass, before this record: acceptance, the cache's and the drafter's update
+    # perf_counter() seconds when the step began to draft (None: not timed), so that a controller can
+    # price the whole step, up to the next one's start: its own observe and the loop's bookkeeping too
+    started: float | None = None
 
     @property
     def batch(self) -> int:

@@ -5,7 +5,8 @@ own, per sampling setting, so that a live run's bandit starts from what each mea
 Each arm runs as it runs live: a `BoundedController` over one shared sizing whose bandit holds that
 arm alone, so fixed budgets take the shape the request's candidates give them (`static:N` or
 `chain:N`), and the sizing learns across requests from its own and plain steps. A step counts from
-drafting to acceptance, as the bandit counts it, and a request's first `SETTLE_STEPS` not at all.
+its start to the next step's start, as the bandit counts it (a request's last step: drafting to
+acceptance), and a request's first `SETTLE_STEPS` not at all.
 The arms take turns request by request, in an order that rotates, so a slow spell of the machine
 falls on all of them. With `rows` > 1 each request is a batch of that many prompts (taken in turn,
 cycling when too few), the batch size the rates are keyed by. An offloaded target's arms are
@@ -32,10 +33,17 @@ from moe_spec.profile.arm_rates import ArmRates
 
 class _StepCounter(DecodeObserver):
     def __init__(self):
-        self.records: list[tuple[float, float]] = []  # (tokens, ms) per step
+        self._steps: list[tuple[float, float, float]] = []  # (tokens, started s, step ms) per step
 
     def on_step(self, record: StepRecord) -> None:
-        self.records.append((float(record.tokens_produced), record.step_ms))
+        self._steps.append((float(record.tokens_produced), record.started, record.step_ms))
+
+    @property
+    def records(self) -> list[tuple[float, float]]:
+        """(tokens, ms) per step, each step until the next one's start (the last: its own time)."""
+        starts = [started for _, started, _ in self._steps[1:]] + [None]
+        return [(tokens, max((following - started) * 1000, ms) if following is not None else ms)
+                for (tokens, started, ms), following in zip(self._steps, starts)]
 
 
 def arm_rates_stage(

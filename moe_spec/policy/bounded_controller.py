@@ -15,7 +15,11 @@ branching (`static:N`) for top candidates, a chain (`chain:N`) for sampled ones,
 trees with siblings accept little more than the chain's first node (offloaded, T = 1: `static:4`
 1.84 tokens a step against 1.53 for one node) and tell nothing of smaller ones (`fewer_nodes`).
 
-Only the step's own time is measured (draft + plan + verify + acceptance). Its tokens are what it
+A step is charged what it cost the caller: from its start to the next step's start (draft, plan,
+verify, acceptance, and the controller's own `observe` and the loop's bookkeeping after it, which
+grow with the tree and which the sizing's steps pay most), so each step is recorded once the next
+one begins; a request's last step, which no step follows, is charged its own time and its
+`observe`. Its tokens are what it
 makes on average given its drafts (`fewer_nodes`: exact, without the luck of sampled acceptance
 draws; under greedy decoding the tokens made). A step also credits the arms whose tokens it tells:
 plain decoding's (one a row) after every step, and every smaller fixed budget's after a fixed
@@ -30,7 +34,9 @@ learnt from (predicting its pass afresh cost more than its whole plan).
 
 from __future__ import annotations
 
+import time
 from collections import Counter
+from typing import NamedTuple
 
 from moe_spec.core.control import StepPlan
 from moe_spec.core.drafting import EAGLE2_BUDGET, NO_DRAFT, TreeBudget
@@ -53,6 +59,18 @@ PLAIN = "plain"  # the arm of plain decoding
 FIXED_ARMS = (4, 2, 1, 6, 3)
 # a request's first steps, decided but not judged (see `observe`)
 SETTLE_STEPS = 4
+
+
+class _Pending(NamedTuple):
+    """A judged step's evidence for the bandit, held until its whole cost is known."""
+
+    key: RegimeKey
+    arm: str
+    tokens: float
+    credits: dict[str, float]
+    reference: float | None
+    started: float  # perf_counter() seconds at the step's start
+    ms: float  # what it cost until its `observe` returned (charged where no step follows)
 
 
 def measured_priors(sizing: MoeAwareController) -> dict[RegimeKey, dict[str, float]]:
@@ -94,8 +112,10 @@ class BoundedController:
         self._steps = 0  # steps of the request decoding now
         self.decisions: Counter = Counter()  # arm -> steps it decided, over the controller's life
         self.settle_steps = SETTLE_STEPS
+        self._pending: _Pending | None = None  # the last judged step, until the next one starts
 
     def begin(self, default: TreeBudget, sampling: SamplingConfig = GREEDY) -> TreeBudget:
+        self._settle()  # the last request's last step: no step of it follows
         self._sampling = sampling
         self._rows = 1
         self._steps = 0
@@ -124,6 +144,9 @@ class BoundedController:
         return StepPlan(verify, self._budget_of(self._next_arm), expected_experts=expected)
 
     def observe(self, record: StepRecord) -> None:
+        entered = time.perf_counter()
+        if record.started is not None:
+            self._settle(record.started)
         # the sizing learns from its own steps and from plain ones (a plain pass's prediction is
         # cached): the machine's speed and acceptance per depth stay current for when it decides
         self.sizing.observe(record, learn=self._arm in (SIZED, PLAIN))
@@ -134,9 +157,23 @@ class BoundedController:
         # request look worst and the choice rotate among the fixed budgets
         if self._steps > self.settle_steps:
             tokens, credits, reference = self._told(record)
-            self.bandit.record(self._key(record.verified.rows), self._arm, tokens, record.step_ms, credits=credits,
-                               reference=reference)
+            key = self._key(record.verified.rows)
+            if record.started is None:  # an untimed step (a loop other than the engine's): its own time
+                self.bandit.record(key, self._arm, tokens, record.step_ms, credits=credits, reference=reference)
+            else:
+                ms = record.step_ms + (time.perf_counter() - entered) * 1000
+                self._pending = _Pending(key, self._arm, tokens, credits, reference, record.started, ms)
         self._arm = self._next_arm
+
+    def _settle(self, next_started: float | None = None) -> None:
+        """Record the pending step, charged until `next_started` (perf_counter() seconds: the next
+        step's start), or, where no step follows, what it cost until its `observe` returned."""
+        pending, self._pending = self._pending, None
+        if pending is None:
+            return
+        ms = (next_started - pending.started) * 1000 if next_started is not None else pending.ms
+        self.bandit.record(pending.key, pending.arm, pending.tokens, max(ms, pending.ms), credits=pending.credits,
+                           reference=pending.reference)
 
     def _told(self, record: StepRecord) -> tuple[float, dict[str, float], float | None]:
         """The step's tokens, on average given its drafts (`fewer_nodes`; else as the sizing counts
