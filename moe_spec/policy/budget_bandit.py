@@ -35,6 +35,14 @@ rates are multiplied by what the arms played so far measured against them (the m
 faster or slower than when profiled; the arms' ratios are what carries over). So arms the profile
 found far worse are left alone, and arms near the best are tried as their bonus says.
 
+A regime the profile did not measure starts from the nearest one it did, since the arms' order
+changes slowly with the batch's rows and the sampling: a batch's rows finish at different steps, so
+a 16-row batch ends through 8, 4, 2 and 1 rows, and each of those regimes, unmeasured, was explored
+arm by arm while the rows that were left decoded. Rates are interpolated geometrically in log2 of
+the rows between the measured row counts around it (the nearest where it lies outside them), of
+the same sampling settings, else of the measured settings of the same kind (greedy or sampled)
+nearest in temperature, then top-p (`prior_of`).
+
 Requests differ in how much they accept far more than the arms do (a copied passage against random
 text), so an arm judged on the requests it happened to decide is judged on their difficulty as much
 as on its own worth. A step may therefore carry a `reference`: a measure of its difficulty that any
@@ -283,6 +291,7 @@ class BudgetBandit:
         self.priors = {key: {arm: float(rate) for arm, rate in rates.items() if arm in self.arms and rate > 0}
                        for key, rates in (priors or {}).items()}
         self.prior_steps = prior_steps
+        self._resolved: dict[RegimeKey, dict[str, float]] = {}  # `prior_of`, per regime asked
         self.exploration = exploration
         self.window = window
         self.min_plays = min_plays  # steps that tell each arm's tokens before any is judged
@@ -310,7 +319,7 @@ class BudgetBandit:
         if self.horizon is not None:
             for arm in candidates:
                 windows[arm].forget_before(self._clock.get(key, 0) - self.horizon)
-        prior = self.priors.get(key, {})
+        prior = self.prior_of(key)
         for arm in candidates:
             # an arm whose steps were all forgotten is played once again: it was judged before
             if arm not in prior and (not windows[arm].plays or windows[arm].told < self.min_plays):
@@ -340,6 +349,32 @@ class BudgetBandit:
             return mean + self.exploration * rate * math.sqrt(log_term * error)
 
         return max(candidates, key=index)
+
+    def prior_of(self, key: RegimeKey) -> dict[str, float]:
+        """The arms' prior rates for `key`: its own measured ones, else those of the nearest measured
+        regimes (see the module docstring; {} where none is of its kind)."""
+        if key in self.priors:
+            return self.priors[key]
+        if key not in self._resolved:
+            self._resolved[key] = self._nearest_prior(key)
+        return self._resolved[key]
+
+    def _nearest_prior(self, key: RegimeKey) -> dict[str, float]:
+        sampled = key.temperature > 0
+        settings = {measured[:3] for measured in self.priors if (measured.temperature > 0) == sampled}
+        if not settings:
+            return {}
+        # (temperature, top_k, top_p): its own, else the nearest in temperature, then top-p, then top-k
+        setting = min(settings, key=lambda s: (s != key[:3], abs(s[0] - key.temperature), abs(s[2] - key.top_p),
+                                               abs(s[1] - key.top_k)))
+        by_rows = {measured.rows: rates for measured, rates in self.priors.items() if measured[:3] == setting}
+        below = max((rows for rows in by_rows if rows <= key.rows), default=None)
+        above = min((rows for rows in by_rows if rows >= key.rows), default=None)
+        if below is None or above is None or below == above:
+            return dict(by_rows[above if below is None else below])
+        weight = math.log2(key.rows / below) / math.log2(above / below)  # 0 at `below`, 1 at `above`
+        low, high = by_rows[below], by_rows[above]
+        return {arm: low[arm] ** (1 - weight) * high[arm] ** weight for arm in low if arm in high}
 
     @staticmethod
     def _prior_scale(rates: dict[str, float], windows: dict[str, ArmWindow], prior: dict[str, float]) -> float:

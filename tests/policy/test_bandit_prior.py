@@ -49,3 +49,26 @@ def test_arms_the_prior_leaves_out_are_played_to_be_judged_and_other_regimes_kee
 def test_prior_steps_must_be_positive():
     with pytest.raises(ValueError, match="prior_steps"):
         BudgetBandit(("a",), prior_steps=0)
+
+
+def test_a_regime_the_profile_did_not_measure_starts_from_the_nearest_measured_ones():
+    from moe_spec.core.sampling import GREEDY, SamplingConfig
+    from moe_spec.policy.budget_bandit import RegimeKey
+
+    def key(rows, temperature=0.0, top_p=1.0):
+        return RegimeKey.of(SamplingConfig(temperature, top_p=top_p) if temperature else GREEDY, rows)
+
+    priors = {key(1): {"a": 1.0, "b": 2.0}, key(4): {"a": 4.0, "b": 2.0, "c": 1.0}, key(16): {"a": 1.0, "b": 8.0, "c": 1.0},
+              key(1, 1.0): {"a": 3.0}, key(1, 0.7, 0.9): {"b": 5.0}}
+    bandit = BudgetBandit(("a", "b", "c"), priors=priors)
+    assert bandit.prior_of(key(4)) == priors[key(4)], "a measured regime keeps its own"
+    # 8 rows lie halfway (in log2 rows) between 4 and 16: the geometric mean; only arms both measured
+    assert bandit.prior_of(key(8)) == pytest.approx({"a": 2.0, "b": 4.0, "c": 1.0})
+    assert bandit.prior_of(key(2)) == pytest.approx({"a": 2.0, "b": 2.0})
+    assert bandit.prior_of(key(32)) == priors[key(16)], "beyond the largest: the largest"
+    # an unmeasured sampling setting: the nearest measured one of its kind, then its rows
+    assert bandit.prior_of(key(1, 0.8)) == priors[key(1, 0.7, 0.9)]
+    assert bandit.prior_of(key(4, 1.5)) == priors[key(1, 1.0)]
+    assert BudgetBandit(("a", "b"), priors={key(1): {"a": 1.0}}).prior_of(key(1, 1.0)) == {}, "greedy is no prior for sampling"
+    # opened by the nearest prior's best arm, not by trying each arm in order
+    assert bandit.choose(key(8)) == "b" and bandit.choose(key(4)) == "a"
