@@ -1,4 +1,4 @@
-"""What `BudgetBandit` loses to the best arm on short runs, by the weight of its measured prior and
+"""What `BudgetBandit` loses to the best arm on short runs, by the error of its measured prior and
 its exploration: a SIMULATION with made-up arms, not a measurement of the controller.
 
 Each simulated run has `--steps` steps over seven arms whose rates sit as the T = 1 arms of the
@@ -10,7 +10,7 @@ alone would make (1, or 1 + 0.8 difficulty where the step made more than 1 x dif
 the bandit adjusts arms' tokens to where `--adjust` says so. The profile's prior is each arm's rate times a factor within
 +-`--prior-noise`, or, in the "swap" case, the two best arms exchanged by `--swap` of a rate.
 
-    python scripts/bandit_prior_sim.py --prior-steps 4,8,16 --exploration 0.35,0.5,0.7 --adjust 0,1
+    python scripts/bandit_prior_sim.py --prior-error 0.25,0.18,0.125 --exploration 0.35,0.5,0.7 --adjust 0,1
 
 Prints a table (mean and 90th-percentile regret against the best arm, per prior case) and one
 JSON line.
@@ -58,7 +58,8 @@ def rates_and_prior(case: str, seed: int, noise: float, swap: float) -> tuple[di
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--prior-steps", default="4,8,16")
+    parser.add_argument("--prior-error", default="0.25,0.18,0.125",
+                        help="the prior's relative error (its weight: the steps of the run's spread that make it)")
     parser.add_argument("--exploration", default="0.35,0.5,0.7")
     parser.add_argument("--adjust", default="0,1", help="adjust arms' tokens to the steps' references (0/1)")
     parser.add_argument("--steps", type=int, default=250, help="steps a run (a bench set's regime is 200-400)")
@@ -70,22 +71,22 @@ def main() -> None:
     cases = ("noisy", "swap")
     rows = []
     print(f"SIMULATION: {args.steps} steps, requests of {args.request}; regret = mean shortfall against the best arm")
-    print("adjust  prior_steps  exploration  " + "  ".join(f"{c:>22s}" for c in cases))
-    for adjust, prior_steps, exploration in itertools.product([bool(int(x)) for x in args.adjust.split(",")],
-                                                              [int(x) for x in args.prior_steps.split(",")],
+    print("adjust  prior_error  exploration  " + "  ".join(f"{c:>22s}" for c in cases))
+    for adjust, prior_error, exploration in itertools.product([bool(int(x)) for x in args.adjust.split(",")],
+                                                              [float(x) for x in args.prior_error.split(",")],
                                                               [float(x) for x in args.exploration.split(",")]):
-        row = {"adjust": adjust, "prior_steps": prior_steps, "exploration": exploration}
+        row = {"adjust": adjust, "prior_error": prior_error, "exploration": exploration}
         for case in cases:
             regrets = []
             for seed in range(args.seeds):
                 rates, prior = rates_and_prior(case, seed, args.prior_noise, args.swap)
-                bandit = BudgetBandit(tuple(rates), exploration=exploration, prior_steps=prior_steps, priors={KEY: prior},
+                bandit = BudgetBandit(tuple(rates), exploration=exploration, prior_error=prior_error, priors={KEY: prior},
                                       adjust=adjust)
                 regrets.append(run(bandit, rates, args.steps, args.request, seed))
             regrets.sort()
             row[case] = {"mean": round(statistics.mean(regrets), 4), "p90": round(regrets[int(0.9 * len(regrets))], 4)}
         rows.append(row)
-        print(f"{adjust:6d}  {prior_steps:11d}  {exploration:11.2f}  " + "  ".join(
+        print(f"{adjust:6d}  {prior_error:11.3f}  {exploration:11.2f}  " + "  ".join(
             f"{row[c]['mean']:10.3f} (p90 {row[c]['p90']:.3f})" for c in cases))
     print(json.dumps({"command": "bandit_prior_sim", "simulation": True, "steps": args.steps, "request": args.request,
                       "prior_noise": args.prior_noise, "swap": args.swap, "seeds": args.seeds, "rows": rows}))

@@ -13,11 +13,15 @@ REPEATS=${REPEATS:-1}
 METHODS=ar,static-best,moe-aware,moe-aware-unbounded
 mkdir -p "$OUT"
 declare -A SETS=([shipped]=configs/bench/heldout.jsonl [heldout]=configs/bench/foreign_heldout.jsonl)
+# batches never mix classes (`moe_spec.experiments.runner.batches`): B rows need B prompts of one
+# class, which the mixed batch sets have (32 shipped, 24 held-out)
+declare -A BATCH_SETS=([shipped]=configs/bench/batch.jsonl [heldout]=configs/bench/foreign_batch.jsonl)
 
-bench() {  # name, then bench options (--limit: prompts per class, 2 unless given)
+bench() {  # name, then bench options (--limit: prompts per class, 2 unless given); $PROMPT_SETS: SETS or BATCH_SETS
   local name=$1; shift
+  local -n sets=${PROMPT_SETS:-SETS}
   for set in shipped heldout; do
-    "$PY" -m moe_spec.cli.main bench --limit 2 --prompts "${SETS[$set]}" "$@" --methods "$METHODS" \
+    "$PY" -m moe_spec.cli.main bench --limit 2 --prompts "${sets[$set]}" "$@" --methods "$METHODS" \
       --repeats "$REPEATS" --no-progress --json "$OUT/${name}_${set}.json" > "$OUT/${name}_${set}.txt" 2>&1
     tail -1 "$OUT/${name}_${set}.txt" | cut -c1-160
   done
@@ -43,8 +47,8 @@ run() {
     greedy) bench greedy --config configs/bench_default.yaml ;;
     t1) bench t1 --config configs/bench_default.yaml --temperature 1 ;;
     eager) profile_eager; bench eager --config configs/bench_default.yaml --experts-implementation eager --profile runs/profile_eager/profile.json ;;
-    batch4) bench batch4 --config configs/bench_default.yaml --batch-size 4 ;;
-    batch16) bench batch16 --config configs/bench_default.yaml --batch-size 16 --limit 4 ;;  # one batch of 16 per set
+    batch4) PROMPT_SETS=BATCH_SETS bench batch4 --config configs/bench_default.yaml --batch-size 4 --limit 16 ;;  # 4 batches of 4
+    batch16) PROMPT_SETS=BATCH_SETS bench batch16 --config configs/bench_default.yaml --batch-size 16 --limit 16 ;;  # one of 16
     threads1) bench threads1 --config configs/bench_default.yaml --threads 1 ;;
     offload16) profile_disk; bench offload16 --config configs/bench_offload.yaml ;;
     offload16_t1) profile_disk; bench offload16_t1 --config configs/bench_offload.yaml --temperature 1 ;;

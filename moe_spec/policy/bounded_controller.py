@@ -139,7 +139,8 @@ class BoundedController:
             verify = candidates
         else:
             verify = self._static[arm].plan(candidates, draft_ms).verify
-        self._next_arm = self._choose()
+        # in flight: this step (recorded once the step after it starts) and the one before, if judged
+        self._next_arm = self._choose((arm, *((self._pending.arm,) if self._pending is not None else ())))
         expected = planned.expected_experts if arm == SIZED else self.sizing.expected_experts(verify)
         return StepPlan(verify, self._budget_of(self._next_arm), expected_experts=expected)
 
@@ -203,8 +204,8 @@ class BoundedController:
         shape of its candidates, plain decoding."""
         return (SIZED, *self._static, PLAIN)
 
-    def _choose(self) -> str:
-        return self.bandit.choose(self._key(self._rows), allowed=self.allowed_arms)
+    def _choose(self, in_flight: tuple[str, ...] = ()) -> str:
+        return self.bandit.choose(self._key(self._rows), allowed=self.allowed_arms, in_flight=in_flight)
 
     def _key(self, rows: int) -> RegimeKey:
         return RegimeKey.of(self._sampling, rows)

@@ -29,11 +29,21 @@ least one of them its own (its time is known only from its own steps; a credited
 of them to be judged).
 
 A measured prior (`priors`: per regime, each arm's rate as the profile measured it on its own
-prompts, `moe_spec.measure.arm_rates`) replaces that order: an arm it covers is not played to be
-judged, its rate counts as `prior_steps` steps of its own, and its scale is the run's: the prior
-rates are multiplied by what the arms played so far measured against them (the machine may run
-faster or slower than when profiled; the arms' ratios are what carries over). So arms the profile
-found far worse are left alone, and arms near the best are tried as their bonus says.
+prompts, `moe_spec.measure.arm_rates`) replaces that order: an arm it covers is judged with its
+prior rate weighing as many of its own steps as have a standard error of `prior_error` of the rate
+(the run's per-step spread of a rate over `prior_error`, squared: about 4 steps of one row, whose
+accepted lengths swing, and a sixth of a step of a 16-row batch, whose steps average their rows);
+its scale is the run's: the prior rates are multiplied by what the arms played so far
+measured against them (the machine may run faster or slower than when profiled; the arms' ratios
+are what carries over). So arms the profile found far worse are left alone, and arms near the best
+are tried as their bonus says. Where one step outweighs a prior (a weight below one step: batches),
+each arm it covers decides one step, the profile's best first, before any is judged by the bound,
+since the ratios do not always carry over: where verifying more tokens and experts has grown dearer
+since the profile (a busier memory bus, another thread count), the profile ranks the larger trees
+too high; unplayed, a one-node tree it ranked 23% below the sizing was never tried in a 16-row batch
+where it ran ahead of it, and a step of it there, its tokens averaged over 16 rows, tells its rate
+within a few percent. The price is about a step per regime. One row's step tells too little for
+that: an arm whose one step was unlucky would be judged below its prior's weight for good.
 
 A regime the profile did not measure starts from the nearest one it did, since the arms' order
 changes slowly with the batch's rows and the sampling: a batch's rows finish at different steps, so
@@ -73,7 +83,11 @@ EXPLORATION = 0.7
 WINDOW = 32
 MIN_PLAYS = 3
 HORIZON = None
-PRIOR_STEPS = 4  # a profile's measured rate of an arm weighs as much as this many of its own steps
+# how far a profile's rate of an arm may be from the run's, relative (its standard error): the
+# arms' ratios carry over from the profile only so far (the machine's load, the prompts). 0.25
+# weighs a prior as 4 steps where rates spread by 50% a step (the prior simulation's arms, where 4
+# did best), 2-3 at T = 1 on the embedded pair (33-43%), a sixth of a 16-row batch's step (10%)
+PRIOR_ERROR = 0.25
 MIN_PAIRS = 8  # steps with a reference before an arm's tokens are adjusted to the regime's difficulty
 # the regime's difficulty is the mean reference of this many of its last steps (within the horizon):
 # the run's level, which each arm's constant rate is judged at, not the request decoding now's
@@ -278,19 +292,19 @@ class BudgetBandit:
 
     def __init__(self, arms: tuple[str, ...], exploration: float = EXPLORATION, window: int = WINDOW,
                  min_plays: int = MIN_PLAYS, horizon: int | None = HORIZON,
-                 priors: dict[RegimeKey, dict[str, float]] | None = None, prior_steps: int = PRIOR_STEPS,
+                 priors: dict[RegimeKey, dict[str, float]] | None = None, prior_error: float = PRIOR_ERROR,
                  adjust: bool = True):
         if not arms:
             raise ValueError("a bandit needs at least one arm")
         if horizon is not None and horizon < 1:
             raise ValueError(f"horizon must be a positive number of steps or None, got {horizon}")
-        if prior_steps < 1:
-            raise ValueError(f"prior_steps must be at least 1, got {prior_steps}")
+        if not prior_error > 0:
+            raise ValueError(f"prior_error must be a positive relative error, got {prior_error}")
         self.arms = tuple(arms)
         # regime -> arm -> tokens per ms the profile measured (arms this bandit has, rates > 0)
         self.priors = {key: {arm: float(rate) for arm, rate in rates.items() if arm in self.arms and rate > 0}
                        for key, rates in (priors or {}).items()}
-        self.prior_steps = prior_steps
+        self.prior_error = prior_error
         self._resolved: dict[RegimeKey, dict[str, float]] = {}  # `prior_of`, per regime asked
         self.exploration = exploration
         self.window = window
@@ -308,10 +322,13 @@ class BudgetBandit:
             self._windows[key] = {arm: ArmWindow(self.window) for arm in self.arms}
         return self._windows[key]
 
-    def choose(self, key: RegimeKey, allowed: tuple[str, ...] | None = None) -> str:
-        """The arm to decide the next step: the first (in `arms` order) with no play yet or fewer than
-        `min_plays` steps that told its tokens, else the highest upper confidence bound; `allowed`
-        restricts the choice (None: every arm; it must leave one)."""
+    def choose(self, key: RegimeKey, allowed: tuple[str, ...] | None = None, in_flight: tuple[str, ...] = ()) -> str:
+        """The arm to decide the next step: the first (in `arms` order) without a prior and with no
+        play yet or fewer than `min_plays` steps that told its tokens, else, where one step outweighs
+        a prior, the unplayed arm of best prior, else the highest upper confidence bound; `allowed`
+        restricts the choice (None: every arm; it must leave one). `in_flight`: the arms of steps
+        decided but not recorded yet (a caller that records a step once the next one has begun),
+        each a play and a told step to the rules that try arms, so that none is tried twice over."""
         windows = self.windows(key)
         candidates = [arm for arm in self.arms if allowed is None or arm in allowed]
         if not candidates:
@@ -322,11 +339,14 @@ class BudgetBandit:
         prior = self.prior_of(key)
         for arm in candidates:
             # an arm whose steps were all forgotten is played once again: it was judged before
-            if arm not in prior and (not windows[arm].plays or windows[arm].told < self.min_plays):
+            flying = in_flight.count(arm)
+            if arm not in prior and (not windows[arm].plays + flying or windows[arm].told + flying < self.min_plays):
                 return arm
+        # what can be judged: arms played or with a prior (an unplayed one without is in flight)
+        judged = [arm for arm in candidates if windows[arm].plays or arm in prior] or candidates[:1]
         total = sum(windows[arm].plays for arm in candidates)
-        if not total:  # every arm has a prior and none has played: the profile's best
-            return max(candidates, key=prior.__getitem__)
+        if not total:  # none has played: the profile's best (one in flight without a prior: no other)
+            return max(judged, key=lambda arm: prior.get(arm, 0.0))
         # the bonus is on one scale for every arm (the pooled rate and spreads): a bonus relative
         # to an arm's own rate never lifted an arm whose first steps were unlucky back into play
         rate = self._pooled_rate(windows, candidates)
@@ -338,9 +358,13 @@ class BudgetBandit:
         reference = self.reference(key)
         rates = {arm: windows[arm].rate_at(reference) for arm in candidates if windows[arm].plays}
         scale = self._prior_scale(rates, windows, prior)
+        prior_weight = (ratio_spread / self.prior_error) ** 2  # steps of the run's spread: the prior's error
+        unplayed = [arm for arm in judged if not windows[arm].plays and arm not in in_flight]  # with priors
+        if unplayed and prior_weight < 1:  # one step of an arm tells more than its prior: take it
+            return max(unplayed, key=prior.__getitem__)
 
         def index(arm: str) -> float:
-            window, weight = windows[arm], self.prior_steps if arm in prior else 0
+            window, weight = windows[arm], prior_weight if arm in prior else 0.0
             if not window.plays:  # an arm with a prior only
                 return scale * prior[arm] + self.exploration * rate * math.sqrt(log_term * ratio_spread ** 2 / weight)
             mean = (rates[arm] * window.plays + scale * prior[arm] * weight) / (window.plays + weight) if weight \
@@ -348,7 +372,7 @@ class BudgetBandit:
             error = tokens_part / (len(window.tokens_window) + weight) + ms_spread ** 2 / (window.plays + weight)
             return mean + self.exploration * rate * math.sqrt(log_term * error)
 
-        return max(candidates, key=index)
+        return max(judged, key=index)
 
     def prior_of(self, key: RegimeKey) -> dict[str, float]:
         """The arms' prior rates for `key`: its own measured ones, else those of the nearest measured

@@ -2,6 +2,8 @@
 ones stay nearly unplayed, the prior's level is the run's (its ratios carry over, not its speed),
 and a prior the run contradicts gives way to what the run measures."""
 
+import random
+
 import pytest
 
 from moe_spec.policy.budget_bandit import BudgetBandit
@@ -46,9 +48,9 @@ def test_arms_the_prior_leaves_out_are_played_to_be_judged_and_other_regimes_kee
     assert _play(bandit, RATES, 9, key=sampled) == ["a"] * 3 + ["b"] * 3 + ["c"] * 3
 
 
-def test_prior_steps_must_be_positive():
-    with pytest.raises(ValueError, match="prior_steps"):
-        BudgetBandit(("a",), prior_steps=0)
+def test_prior_error_must_be_positive():
+    with pytest.raises(ValueError, match="prior_error"):
+        BudgetBandit(("a",), prior_error=0)
 
 
 def test_a_regime_the_profile_did_not_measure_starts_from_the_nearest_measured_ones():
@@ -72,3 +74,46 @@ def test_a_regime_the_profile_did_not_measure_starts_from_the_nearest_measured_o
     assert BudgetBandit(("a", "b"), priors={key(1): {"a": 1.0}}).prior_of(key(1, 1.0)) == {}, "greedy is no prior for sampling"
     # opened by the nearest prior's best arm, not by trying each arm in order
     assert bandit.choose(key(8)) == "b" and bandit.choose(key(4)) == "a"
+
+
+def _batch_play(bandit: BudgetBandit, rates: dict[str, float], steps: int, seed: int) -> list[str]:
+    """Steps of a many-row batch: each averages its rows' tokens, so its rate spreads by about 10%."""
+    rng = random.Random(seed)
+    chosen = []
+    for _ in range(steps):
+        arm = bandit.choose(ONE_ROW)
+        bandit.record(ONE_ROW, arm, 3 * rng.uniform(0.9, 1.1), 3 / rates[arm] * rng.uniform(0.95, 1.05))
+        chosen.append(arm)
+    return chosen
+
+
+def test_where_one_step_outweighs_the_prior_each_arm_decides_one_and_a_contradicted_prior_gives_way():
+    """Verifying more grew dearer since the profile: it ranks the smaller tree c last; the batch, first."""
+    stale, run = {"a": 1.0, "b": 0.9, "c": 0.75}, {"a": 0.8, "b": 0.7, "c": 1.0}
+    for seed in range(5):
+        bandit = BudgetBandit(("a", "b", "c"), priors={ONE_ROW: stale})
+        chosen = _batch_play(bandit, run, 40, seed)
+        assert chosen[:2] == ["a", "a"] and set(chosen[2:5]) == {"b", "c"}, "the best; once its spread is known, the rest"
+        assert chosen[10:].count("c") >= 27, (seed, chosen)
+        assert _weight(bandit) < 1
+    for seed in range(5):  # one row's steps spread by about 50%: the prior weighs about 4 of them, none is forced
+        bandit = BudgetBandit(("a", "b", "c"), priors={ONE_ROW: RATES})
+        assert _play(bandit, RATES, 100, seed).count("c") <= 3 and 2 < _weight(bandit) < 8
+
+
+def _weight(bandit: BudgetBandit) -> float:
+    """The prior's weight in steps, as `choose` computes it."""
+    windows = bandit.windows(ONE_ROW).values()
+    return (bandit._pooled([(w.own.ratio_spread(), w.plays) for w in windows]) / bandit.prior_error) ** 2
+
+
+def test_arms_in_flight_count_as_tried_so_that_a_caller_recording_late_tries_none_twice_over():
+    """`BoundedController` records a step once the next one has begun: two decisions are in flight."""
+    bandit = BudgetBandit(("a", "b", "c"), min_plays=1)
+    assert bandit.choose(ONE_ROW) == "a"
+    assert bandit.choose(ONE_ROW, in_flight=("a",)) == "b" and bandit.choose(ONE_ROW, in_flight=("b", "a")) == "c"
+    assert bandit.choose(ONE_ROW, in_flight=("a", "b", "c")) == "a", "all in flight: nothing else to choose"
+    batch = BudgetBandit(("a", "b", "c"), priors={ONE_ROW: {"a": 1.0, "b": 0.9, "c": 0.8}})
+    for _ in range(3):  # a's spread is known: a batch's step outweighs the prior, so each arm is tried
+        batch.record(ONE_ROW, "a", 3.0 * (1 + 0.05 * _), 3.0)
+    assert batch.choose(ONE_ROW) == "b" and batch.choose(ONE_ROW, in_flight=("b",)) == "c"

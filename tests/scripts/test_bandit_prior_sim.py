@@ -1,4 +1,4 @@
-"""`scripts/bandit_prior_sim.py`: simulated runs of the bandit by the weight of its prior (the figures
+"""`scripts/bandit_prior_sim.py`: simulated runs of the bandit by the error (the weight) of its prior (the figures
 docs/measurements.md cites come from it)."""
 
 import importlib.util
@@ -13,7 +13,7 @@ spec.loader.exec_module(bandit_prior_sim)
 
 
 def test_a_heavier_prior_loses_less_when_it_ranks_right_and_more_when_it_swaps_the_best(monkeypatch, capsys):
-    monkeypatch.setattr(sys, "argv", ["bandit_prior_sim.py", "--prior-steps", "4,16", "--exploration", "0.7",
+    monkeypatch.setattr(sys, "argv", ["bandit_prior_sim.py", "--prior-error", "0.25,0.125", "--exploration", "0.7",
                                       "--seeds", "8", "--steps", "200", "--prior-noise", "0.03", "--swap", "0.15",
                                       "--adjust", "0"])
     bandit_prior_sim.main()
@@ -22,7 +22,7 @@ def test_a_heavier_prior_loses_less_when_it_ranks_right_and_more_when_it_swaps_t
     result = json.loads(out[-1])
     assert result["simulation"] is True
     light, heavy = result["rows"]
-    assert (light["prior_steps"], heavy["prior_steps"]) == (4, 16)
+    assert (light["prior_error"], heavy["prior_error"]) == (0.25, 0.125)
     assert heavy["noisy"]["mean"] < light["noisy"]["mean"]
     assert heavy["swap"]["mean"] > light["swap"]["mean"]
     assert all(0.0 <= row[case]["mean"] <= 0.2 for row in result["rows"] for case in ("noisy", "swap"))
@@ -36,7 +36,7 @@ def test_the_swapped_prior_ranks_the_runs_second_arm_first():
 
 
 def test_adjusting_to_the_steps_references_loses_less_than_judging_each_arm_on_its_own_requests(monkeypatch, capsys):
-    monkeypatch.setattr(sys, "argv", ["bandit_prior_sim.py", "--prior-steps", "4", "--exploration", "0.7",
+    monkeypatch.setattr(sys, "argv", ["bandit_prior_sim.py", "--prior-error", "0.25", "--exploration", "0.7",
                                       "--seeds", "12", "--steps", "250", "--adjust", "0,1"])
     bandit_prior_sim.main()
     unadjusted, adjusted = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["rows"]
