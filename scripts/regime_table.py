@@ -4,8 +4,9 @@
 
 One markdown row per report `<regime>_<set>.json`: speedups over `ar` from that report's own
 interleaved run, `moe-aware`'s ratio to the best fixed tree in hindsight (`static-best`) and to the
-one chosen on the other prompts (`static-tuned`), its worst prompt class, its plan share and plain
-steps, and which arm of its bound decided what share of its steps.
+one chosen on the other prompts (`static-tuned`; where a report is one batch, with no other batch to
+choose on, the budget best in the other set's report, marked "other set"), its worst prompt class,
+its plan share and plain steps, and which arm of its bound decided what share of its steps.
 """
 
 from __future__ import annotations
@@ -26,22 +27,38 @@ HEADER = ("| regime | set | moe-aware | unbounded | static-tuned | static-best |
           "moe-aware / best | worst class | plan / plain | steps decided by | passes; noise |")
 
 
-def row(regime: str, name: str, report: dict) -> str:
+def row(regime: str, name: str, report: dict, other: dict | None = None) -> str:
+    """`other`: the other set's report of the regime, which tunes the fixed budget where this report
+    has no `static-tuned`."""
     methods = report["methods"]
-    ours, best, tuned = methods["moe-aware"], methods["static-best"], methods["static-tuned"]
+    ours, best = methods["moe-aware"], methods["static-best"]
+    tuned, tuned_label = _tuned(methods, other)
     unbounded = methods.get("moe-aware-unbounded", {}).get("speedup_vs_ar")
     worst = min((classes["moe-aware"]["speedup_vs_ar"], label) for label, classes in report["per_class"].items())
     arms = report.get("decisions", {}).get("moe-aware", {})
     shares = ", ".join(f"{arm} {share:.0%}" for arm, share in list(arms.items())[:3])
     cells = [
         REGIMES.get(regime, regime), SETS.get(name, name), f"**{ours['speedup_vs_ar']:.2f}x**",
-        f"{unbounded:.2f}x" if unbounded is not None else "-", f"{tuned['speedup_vs_ar']:.2f}x",
+        f"{unbounded:.2f}x" if unbounded is not None else "-",
+        f"{tuned['speedup_vs_ar']:.2f}x{tuned_label}" if tuned else "-",
         f"{best['speedup_vs_ar']:.2f}x ({best['budget']})",
-        f"{ours['tokens_per_s'] / tuned['tokens_per_s']:.2f}", f"{ours['tokens_per_s'] / best['tokens_per_s']:.2f}",
+        f"{ours['tokens_per_s'] / tuned['tokens_per_s']:.2f}" if tuned else "-",
+        f"{ours['tokens_per_s'] / best['tokens_per_s']:.2f}",
         f"{worst[0]:.2f}x ({worst[1]})", _shares(ours), shares,
         _noise(methods),
     ]
     return "| " + " | ".join(cells) + " |"
+
+
+def _tuned(methods: dict, other: dict | None) -> tuple[dict | None, str]:
+    """This report's `static-tuned`, else the budget best in `other` as this report ran it, with its
+    label (None where neither is there)."""
+    if "static-tuned" in methods:
+        return methods["static-tuned"], ""
+    budget = (other or {}).get("methods", {}).get("static-best", {}).get("budget")
+    if budget is None or budget not in methods:
+        return None, ""
+    return methods[budget], f" ({budget}, other set)"
 
 
 def _shares(figures: dict) -> str:
@@ -71,10 +88,11 @@ def _noise(methods: dict) -> str:
 def table(results: Path) -> str:
     lines = [HEADER, "|" + "---|" * (HEADER.count("|") - 1)]
     for regime in REGIMES:
-        for name in SETS:
-            path = results / f"{regime}_{name}.json"
-            if path.is_file():
-                lines.append(row(regime, name, json.loads(path.read_text())))
+        reports = {name: json.loads(path.read_text()) for name in SETS
+                   if (path := results / f"{regime}_{name}.json").is_file()}
+        for name, report in reports.items():
+            other = next((theirs for them, theirs in reports.items() if them != name), None)
+            lines.append(row(regime, name, report, other))
     return "\n".join(lines)
 
 

@@ -4,7 +4,8 @@ decoding's constant tokens are left as they are, and too few referenced steps ad
 
 import pytest
 
-from moe_spec.policy.budget_bandit import MIN_PAIRS, BudgetBandit
+from moe_spec.policy.arm_windows import MIN_PAIRS
+from moe_spec.policy.budget_bandit import BudgetBandit
 
 from tests.policy.test_bounded_controller import ONE_ROW
 
