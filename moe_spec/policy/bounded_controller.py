@@ -17,10 +17,9 @@ trees with siblings accept little more than the chain's first node (offloaded, T
 
 A step is charged what it cost the caller: from its start to the next step's start (draft, plan,
 verify, acceptance, and the controller's own `observe` and the loop's bookkeeping after it, which
-grow with the tree and which the sizing's steps pay most), so each step is recorded once the next
-one begins; a request's last step, which no step follows, is charged its own time and its
-`observe`. Its tokens are what it
-makes on average given its drafts (`fewer_nodes`: exact, without the luck of sampled acceptance
+grow with the tree), so each step is recorded once the next one begins; a request's last step,
+which no step follows, is charged its own time and its `observe`. Its tokens are what it makes on
+average given its drafts (`fewer_nodes`: exact, without the luck of sampled acceptance
 draws; under greedy decoding the tokens made). A step also credits the arms whose tokens it tells:
 plain decoding's (one a row) after every step, and every smaller fixed budget's after a fixed
 budget's step, so exploring the larger budget measures the smaller ones' acceptance on the same
