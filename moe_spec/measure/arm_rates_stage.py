@@ -25,7 +25,7 @@ from moe_spec.core.inputs import left_pad
 from moe_spec.core.sampling import SamplingConfig
 from moe_spec.core.step_record import DecodeObserver, StepRecord
 from moe_spec.core.target import TargetModel
-from moe_spec.policy.bounded_controller import SETTLE_STEPS, BoundedController
+from moe_spec.policy.bounded_controller import SETTLE_STEPS, BoundedController, charged_ms
 from moe_spec.policy.budget_bandit import BudgetBandit
 from moe_spec.policy.registry import build_controller
 from moe_spec.profile.arm_rates import ArmRates
@@ -42,8 +42,7 @@ class _StepCounter(DecodeObserver):
     def records(self) -> list[tuple[float, float]]:
         """(tokens, ms) per step, each step until the next one's start (the last: its own time)."""
         starts = [started for _, started, _ in self._steps[1:]] + [None]
-        return [(tokens, max((following - started) * 1000, ms) if following is not None else ms)
-                for (tokens, started, ms), following in zip(self._steps, starts)]
+        return [(tokens, charged_ms(started, ms, following)) for (tokens, started, ms), following in zip(self._steps, starts)]
 
 
 def arm_rates_stage(

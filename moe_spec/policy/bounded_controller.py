@@ -72,6 +72,12 @@ class _Pending(NamedTuple):
     ms: float  # what it cost until its `observe` returned (charged where no step follows)
 
 
+def charged_ms(started: float, own_ms: float, next_started: float | None) -> float:
+    """What a step that began at `started` (perf_counter() seconds) is charged: until the next step's
+    start, else (no step follows it) `own_ms`, what it cost by its own clock; never less than that."""
+    return own_ms if next_started is None else max((next_started - started) * 1000, own_ms)
+
+
 def measured_priors(sizing: MoeAwareController) -> dict[RegimeKey, dict[str, float]]:
     """The arms' rates the profile measured, per regime (`moe_spec.profile.arm_rates`): those
     measured resident for a resident target, those measured offloaded for an offloaded one (misses
@@ -171,9 +177,8 @@ class BoundedController:
         pending, self._pending = self._pending, None
         if pending is None:
             return
-        ms = (next_started - pending.started) * 1000 if next_started is not None else pending.ms
-        self.bandit.record(pending.key, pending.arm, pending.tokens, max(ms, pending.ms), credits=pending.credits,
-                           reference=pending.reference)
+        self.bandit.record(pending.key, pending.arm, pending.tokens, charged_ms(pending.started, pending.ms, next_started),
+                           credits=pending.credits, reference=pending.reference)
 
     def _told(self, record: StepRecord) -> tuple[float, dict[str, float], float | None]:
         """The step's tokens, on average given its drafts (`fewer_nodes`; else as the sizing counts
