@@ -33,16 +33,17 @@ from moe_spec.profile.arm_rates import ArmRates
 
 class _StepCounter(DecodeObserver):
     def __init__(self):
-        self._steps: list[tuple[float, float, float]] = []  # (tokens, started s, step ms) per step
+        self._steps: list[tuple[float, int, float, float]] = []  # (tokens, rows, started s, step ms) per step
 
     def on_step(self, record: StepRecord) -> None:
-        self._steps.append((float(record.tokens_produced), record.started, record.step_ms))
+        self._steps.append((float(record.tokens_produced), record.batch, record.started, record.step_ms))
 
     @property
-    def records(self) -> list[tuple[float, float]]:
-        """(tokens, ms) per step, each step until the next one's start (the last: its own time)."""
-        starts = [started for _, started, _ in self._steps[1:]] + [None]
-        return [(tokens, charged_ms(started, ms, following)) for (tokens, started, ms), following in zip(self._steps, starts)]
+    def records(self) -> list[tuple[float, int, float]]:
+        """(tokens, rows, ms) per step, each step until the next one's start (the last: its own time)."""
+        starts = [step[2] for step in self._steps[1:]] + [None]
+        return [(tokens, rows, charged_ms(started, ms, following))
+                for (tokens, rows, started, ms), following in zip(self._steps, starts)]
 
 
 def arm_rates_stage(
@@ -70,6 +71,7 @@ def arm_rates_stage(
         bounded.begin(drafter.default_budget, sampling)
         arms = bounded.allowed_arms
         made, spent, steps = dict.fromkeys(arms, 0.0), dict.fromkeys(arms, 0.0), dict.fromkeys(arms, 0)
+        row_steps = dict.fromkeys(arms, 0)
         for index, (input_ids, attention_mask) in enumerate(requests):
             for arm in arms[index % len(arms):] + arms[: index % len(arms)]:
                 counter = _StepCounter()
@@ -80,13 +82,15 @@ def arm_rates_stage(
                     input_ids, attention_mask, max_new_tokens=max_new_tokens, eos_token_id=[],
                     temperature=sampling.temperature, top_k=sampling.top_k, top_p=sampling.top_p,
                     generator=torch.Generator().manual_seed(seed * 1_000_003 + index))
-                for tokens, ms in counter.records[SETTLE_STEPS:]:
+                for tokens, step_rows, ms in counter.records[SETTLE_STEPS:]:
                     made[arm] += tokens
                     spent[arm] += ms
                     steps[arm] += 1
+                    row_steps[arm] += step_rows
             tick()
         measured = [arm for arm in arms if steps[arm] and spent[arm] > 0]
         entries.append(ArmRates(sampling, rows, {arm: made[arm] / spent[arm] for arm in measured},
                                 {arm: steps[arm] for arm in measured},
-                                offload.config.resident if offload is not None else None))
+                                offload.config.resident if offload is not None else None,
+                                {arm: made[arm] / row_steps[arm] for arm in measured}))
     return tuple(entries)

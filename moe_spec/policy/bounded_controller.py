@@ -78,22 +78,24 @@ def charged_ms(started: float, own_ms: float, next_started: float | None) -> flo
     return own_ms if next_started is None else max((next_started - started) * 1000, own_ms)
 
 
-def measured_priors(sizing: MoeAwareController) -> dict[RegimeKey, dict[str, float]]:
-    """The arms' rates the profile measured, per regime (`moe_spec.profile.arm_rates`): those
-    measured resident for a resident target, those measured offloaded for an offloaded one (misses
-    reorder the arms; the profile's one cache size stands for any)."""
+def measured_priors(sizing: MoeAwareController, field: str = "rates") -> dict[RegimeKey, dict[str, float]]:
+    """The arms' rates the profile measured (`field="tokens"`: their tokens a row made a step), per
+    regime (`moe_spec.profile.arm_rates`): those measured resident for a resident target, those
+    measured offloaded for an offloaded one (misses reorder the arms; the profile's one cache size
+    stands for any)."""
     offloaded = sizing.residency is not None
-    return {RegimeKey.of(entry.sampling, entry.rows): dict(entry.rates) for entry in sizing.profile.arm_rates
+    return {RegimeKey.of(entry.sampling, entry.rows): dict(getattr(entry, field)) for entry in sizing.profile.arm_rates
             if (entry.resident_experts is not None) == offloaded}
 
 
 class BoundedController:
     """A `MoeAwareController` (built with its gate off) and fixed budgets, chosen per step by a
-    `BudgetBandit` (`adjust`: its arms judged at the run's difficulty, where no `bandit` is given);
-    see the module docstring. `decisions` counts the steps each arm decided."""
+    `BudgetBandit` (where no `bandit` is given, `adjust`: its arms judged at the run's difficulty;
+    `tilt`: its prior's scale tilted by the arms' tokens a step, where the profile kept them); see
+    the module docstring. `decisions` counts the steps each arm decided."""
 
     def __init__(self, sizing: MoeAwareController, fixed: tuple[int, ...] = FIXED_ARMS,
-                 bandit: BudgetBandit | None = None, adjust: bool = True):
+                 bandit: BudgetBandit | None = None, adjust: bool = True, tilt: bool = True):
         if sizing.settings.gate:
             raise ValueError("the sizing's own gate must be off: the bandit's plain arm decides plain steps")
         self.sizing = sizing
@@ -104,7 +106,7 @@ class BoundedController:
         self._shapes = {False: trees, True: chains}  # sampled candidates -> the fixed budgets' methods
         self._static = trees  # the request's, set by `begin`
         self.bandit = bandit or BudgetBandit((SIZED, *trees, *chains, PLAIN), priors=measured_priors(sizing),
-                                             adjust=adjust)
+                                             adjust=adjust, prior_tokens=measured_priors(sizing, "tokens") if tilt else None)
         unknown = set(self.bandit.arms) - {SIZED, PLAIN, *trees, *chains}
         if unknown:
             raise ValueError(f"the bandit's arms {sorted(unknown)} are none of {SIZED!r}, {PLAIN!r} or the fixed budgets")

@@ -45,6 +45,14 @@ where it ran ahead of it, and a step of it there, its tokens averaged over 16 ro
 within a few percent. The price is about a step per regime. One row's step tells too little for
 that: an arm whose one step was unlucky would be judged below its prior's weight for good.
 
+The ratios carry over only so far, and not alike for every arm: where the run's prompts accept
+less than the profile's, or its misses cost more, the larger trees lose more against the profile
+than the smaller ones. So where the profile kept each arm's tokens a step (`prior_tokens`), the
+scale tilts with them: the log of measured over prior rate is fitted, over the played arms, as a
+line in the log of their tokens a step, its slope shrunk towards none (`tilt_spread`), and each arm
+the run has not judged yet is priced on that line. Once plain decoding and a one-node tree have
+played, a four-node tree the profile ranked high is priced as far below as they tell.
+
 A regime the profile did not measure starts from the nearest one it did, since the arms' order
 changes slowly with the batch's rows and the sampling: a batch's rows finish at different steps, so
 a 16-row batch ends through 8, 4, 2 and 1 rows, and each of those regimes, unmeasured, was explored
@@ -89,6 +97,12 @@ HORIZON = None
 # weighs a prior as 4 steps where rates spread by 50% a step (the prior simulation's arms, where 4
 # did best), 2-3 at T = 1 on the embedded pair (33-43%), a sixth of a 16-row batch's step (10%)
 PRIOR_ERROR = 0.25
+# how far the run may find the profile's arms' ratios tilted with how far they speculate: the prior
+# standard deviation of the slope of log(run's rate / profile's rate) on log(tokens a step). On the
+# embedded pair offloaded (16 resident), the profile's arm stage put static:1 at 1.23x plain decoding
+# and static:4 at 1.15x, where the bench measured 0.98-1.05x and 0.89-0.94x: a slope of about -0.25
+# for both (every expert resident, the same arms: 1.32x against 1.20x, 1.32x against 1.25x)
+TILT_SPREAD = 0.5
 # the regime's difficulty is the mean reference of this many of its last steps (within the horizon):
 # the run's level, which each arm's constant rate is judged at, not the request decoding now's
 REFERENCE_STEPS = 1024
@@ -121,19 +135,26 @@ class BudgetBandit:
     def __init__(self, arms: tuple[str, ...], exploration: float = EXPLORATION, window: int = WINDOW,
                  min_plays: int = MIN_PLAYS, horizon: int | None = HORIZON,
                  priors: dict[RegimeKey, dict[str, float]] | None = None, prior_error: float = PRIOR_ERROR,
-                 adjust: bool = True):
+                 adjust: bool = True, prior_tokens: dict[RegimeKey, dict[str, float]] | None = None,
+                 tilt_spread: float = TILT_SPREAD):
         if not arms:
             raise ValueError("a bandit needs at least one arm")
         if horizon is not None and horizon < 1:
             raise ValueError(f"horizon must be a positive number of steps or None, got {horizon}")
         if not prior_error > 0:
             raise ValueError(f"prior_error must be a positive relative error, got {prior_error}")
+        if not tilt_spread >= 0:
+            raise ValueError(f"tilt_spread must be a standard deviation >= 0 (0: no tilt), got {tilt_spread}")
         self.arms = tuple(arms)
         # regime -> arm -> tokens per ms the profile measured (arms this bandit has, rates > 0)
         self.priors = {key: {arm: float(rate) for arm, rate in rates.items() if arm in self.arms and rate > 0}
                        for key, rates in (priors or {}).items()}
+        # regime -> arm -> tokens a row made a step where the profile measured it (how far it speculates)
+        self.prior_tokens = {key: {arm: float(made) for arm, made in tokens.items() if arm in self.arms and made >= 1}
+                             for key, tokens in (prior_tokens or {}).items()}
         self.prior_error = prior_error
-        self._resolved: dict[RegimeKey, dict[str, float]] = {}  # `prior_of`, per regime asked
+        self.tilt_spread = tilt_spread
+        self._resolved: dict[tuple[str, RegimeKey], dict[str, float]] = {}  # `prior_of`, `prior_tokens_of`
         self.exploration = exploration
         self.window = window
         self.min_plays = min_plays  # steps that tell each arm's tokens before any is judged
@@ -185,17 +206,17 @@ class BudgetBandit:
         log_term = math.log(max(total, 2))
         reference = self.reference(key)
         rates = {arm: windows[arm].rate_at(reference) for arm in candidates if windows[arm].plays}
-        scale = self._prior_scale(rates, windows, prior)
+        scaled = self._scaled_prior(key, rates, windows, ratio_spread)
         prior_weight = (ratio_spread / self.prior_error) ** 2  # steps of the run's spread: the prior's error
         unplayed = [arm for arm in judged if not windows[arm].plays and arm not in in_flight]  # with priors
         if unplayed and prior_weight < 1:  # one step of an arm tells more than its prior: take it
-            return max(unplayed, key=prior.__getitem__)
+            return max(unplayed, key=scaled.__getitem__)
 
         def index(arm: str) -> float:
             window, weight = windows[arm], prior_weight if arm in prior else 0.0
             if not window.plays:  # an arm with a prior only
-                return scale * prior[arm] + self.exploration * rate * math.sqrt(log_term * ratio_spread ** 2 / weight)
-            mean = (rates[arm] * window.plays + scale * prior[arm] * weight) / (window.plays + weight) if weight \
+                return scaled[arm] + self.exploration * rate * math.sqrt(log_term * ratio_spread ** 2 / weight)
+            mean = (rates[arm] * window.plays + scaled[arm] * weight) / (window.plays + weight) if weight \
                 else rates[arm]
             error = tokens_part / (len(window.tokens_window) + weight) + ms_spread ** 2 / (window.plays + weight)
             return mean + self.exploration * rate * math.sqrt(log_term * error)
@@ -205,21 +226,30 @@ class BudgetBandit:
     def prior_of(self, key: RegimeKey) -> dict[str, float]:
         """The arms' prior rates for `key`: its own measured ones, else those of the nearest measured
         regimes (see the module docstring; {} where none is of its kind)."""
-        if key in self.priors:
-            return self.priors[key]
-        if key not in self._resolved:
-            self._resolved[key] = self._nearest_prior(key)
-        return self._resolved[key]
+        return self._resolve("rates", self.priors, key)
 
-    def _nearest_prior(self, key: RegimeKey) -> dict[str, float]:
+    def prior_tokens_of(self, key: RegimeKey) -> dict[str, float]:
+        """The tokens a row made a step, per arm, where the profile measured `key` (or the nearest
+        measured regimes, as `prior_of`; {} where the profile kept none)."""
+        return self._resolve("tokens", self.prior_tokens, key)
+
+    def _resolve(self, name: str, table: dict[RegimeKey, dict[str, float]], key: RegimeKey) -> dict[str, float]:
+        if key in table:
+            return table[key]
+        if (name, key) not in self._resolved:
+            self._resolved[name, key] = self._nearest(table, key)
+        return self._resolved[name, key]
+
+    @staticmethod
+    def _nearest(table: dict[RegimeKey, dict[str, float]], key: RegimeKey) -> dict[str, float]:
         sampled = key.temperature > 0
-        settings = {measured[:3] for measured in self.priors if (measured.temperature > 0) == sampled}
+        settings = {measured[:3] for measured in table if (measured.temperature > 0) == sampled}
         if not settings:
             return {}
         # (temperature, top_k, top_p): its own, else the nearest in temperature, then top-p, then top-k
         setting = min(settings, key=lambda s: (s != key[:3], abs(s[0] - key.temperature), abs(s[2] - key.top_p),
                                                abs(s[1] - key.top_k)))
-        by_rows = {measured.rows: rates for measured, rates in self.priors.items() if measured[:3] == setting}
+        by_rows = {measured.rows: values for measured, values in table.items() if measured[:3] == setting}
         below = max((rows for rows in by_rows if rows <= key.rows), default=None)
         above = min((rows for rows in by_rows if rows >= key.rows), default=None)
         if below is None or above is None or below == above:
@@ -227,6 +257,47 @@ class BudgetBandit:
         weight = math.log2(key.rows / below) / math.log2(above / below)  # 0 at `below`, 1 at `above`
         low, high = by_rows[below], by_rows[above]
         return {arm: low[arm] ** (1 - weight) * high[arm] ** weight for arm in low if arm in high}
+
+    def scaled_prior(self, key: RegimeKey) -> dict[str, float]:
+        """The arms' prior rates for `key` at the run's scale and tilt, as `choose` weighs them now."""
+        windows = self.windows(key)
+        played = [arm for arm in self.arms if windows[arm].plays]
+        reference = self.reference(key)
+        rates = {arm: windows[arm].rate_at(reference) for arm in played}
+        spread = self._pooled([(windows[arm].own.ratio_spread(), windows[arm].plays) for arm in played])
+        return self._scaled_prior(key, rates, windows, spread)
+
+    def _scaled_prior(self, key: RegimeKey, rates: dict[str, float], windows: dict[str, ArmWindow],
+                      ratio_spread: float) -> dict[str, float]:
+        """Each prior rate times what the run measures against the profile (`rates`: the played
+        arms' measured rates): where the profile kept every prior arm's tokens a step, a scale that
+        tilts with them (`_tilted_scales`), else one scale for all (`_prior_scale`)."""
+        prior, tokens = self.prior_of(key), self.prior_tokens_of(key)
+        if self.tilt_spread > 0 and prior and all(arm in tokens for arm in prior):
+            scales = self._tilted_scales(rates, windows, prior, tokens, ratio_spread)
+            return {arm: scales[arm] * rate for arm, rate in prior.items()}
+        scale = self._prior_scale(rates, windows, prior)
+        return {arm: scale * rate for arm, rate in prior.items()}
+
+    def _tilted_scales(self, rates: dict[str, float], windows: dict[str, ArmWindow], prior: dict[str, float],
+                       tokens: dict[str, float], ratio_spread: float) -> dict[str, float]:
+        """Per prior arm, exp(a + b (x - mean x)), x the log of its tokens a step: a and b the
+        plays-weighted least-squares fit, over the played arms with a prior, of the log of measured
+        rate / prior rate on x, with b shrunk towards 0 as if a slope had a standard deviation of
+        `tilt_spread` before the run (ridge: the run's per-step spread squared over tilt_spread
+        squared), so that two arms' few steps do not tilt it far. 1.0 for every arm before any of
+        them has played."""
+        points = [(math.log(tokens[arm]), math.log(rate / prior[arm]), windows[arm].plays)
+                  for arm, rate in rates.items() if arm in prior]
+        weight = sum(w for _, _, w in points)
+        if not weight:
+            return dict.fromkeys(prior, 1.0)
+        mean_x = sum(x * w for x, _, w in points) / weight
+        mean_y = sum(y * w for _, y, w in points) / weight
+        spread = sum(w * (x - mean_x) ** 2 for x, _, w in points)
+        cross = sum(w * (x - mean_x) * (y - mean_y) for x, y, w in points)
+        slope = cross / (spread + (ratio_spread / self.tilt_spread) ** 2)
+        return {arm: math.exp(mean_y + slope * (math.log(tokens[arm]) - mean_x)) for arm in prior}
 
     @staticmethod
     def _prior_scale(rates: dict[str, float], windows: dict[str, ArmWindow], prior: dict[str, float]) -> float:

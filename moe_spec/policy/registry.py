@@ -75,11 +75,12 @@ def _static(budget: TreeBudget, profile: ProfileSource, scheme: CandidateScheme)
 
 
 def _moe_aware(price_experts: bool = True, price_residency: bool = True, bounded: bool = True,
-               adjust: bool = True):
+               adjust: bool = True, tilt: bool = True):
     """The controller of `moe-aware` and its ablations: the cost model's sizing, bounded by fixed
     budgets (`BoundedController`) in a real run; alone, with its own gate, in a replay (no
     measured throughput to choose by) or unbounded (`bounded=False`); `adjust=False`: the bound's
-    bandit judges each arm on the steps it was told, not at the run's difficulty."""
+    bandit judges each arm on the steps it was told, not at the run's difficulty; `tilt=False`: its
+    prior keeps one scale for every arm."""
     def build(arg, profile: ProfileSource, adapt: bool, scheme: CandidateScheme, residency=None) -> Controller:
         bound = bounded and adapt
         # bounded, the sizing keeps what it learnt across requests, as the bandit does: it decides
@@ -87,7 +88,7 @@ def _moe_aware(price_experts: bool = True, price_residency: bool = True, bounded
         sizing = MoeAwareController(profile(), price_experts=price_experts, adapt=adapt, scheme=scheme,
                                     residency=residency, price_residency=price_residency, gate=not bound,
                                     persist=bound)
-        return BoundedController(sizing, adjust=adjust) if bound else sizing
+        return BoundedController(sizing, adjust=adjust, tilt=tilt) if bound else sizing
     return build
 
 
@@ -109,6 +110,8 @@ METHODS: dict[str, Policy] = {
     "moe-aware-unbounded": Policy(True, _moe_aware(bounded=False)),
     # the bound without its difficulty adjustment (`BudgetBandit(adjust=False)`)
     "moe-aware-unadjusted": Policy(True, _moe_aware(adjust=False)),
+    # the bound whose prior keeps one scale for every arm, not tilted by their tokens a step
+    "moe-aware-untilted": Policy(True, _moe_aware(tilt=False)),
 }
 
 AR = "ar"

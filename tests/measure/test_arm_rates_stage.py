@@ -47,6 +47,9 @@ def test_every_allowed_arm_is_measured_per_setting(measured):
     expected = {SIZED, PLAIN, "static:4", "static:2", "static:1", "static:6", "static:3"}
     assert set(greedy.rates) == expected and all(rate > 0 for rate in greedy.rates.values())
     assert all(steps >= 1 for steps in greedy.steps.values())
+    # the tokens a row made a step: plain decoding one exactly; a tree at least one, a larger one no fewer
+    assert set(greedy.tokens) == expected and greedy.tokens[PLAIN] == 1.0
+    assert all(made >= 1 for made in greedy.tokens.values()) and greedy.tokens["static:6"] >= greedy.tokens["static:1"]
 
 
 def test_a_profile_with_arm_rates_gives_the_bandit_its_prior_and_stays_lossless(measured, tmp_path):
@@ -66,12 +69,14 @@ def test_offloaded_experts_take_the_prior_measured_offloaded_and_resident_ones_t
     _, _, _, profile = measured
     greedy = profile.arm_rates[0]
     offloaded_entry = dataclasses.replace(greedy, rates={SIZED: 1.0, PLAIN: 2.0}, steps={SIZED: 3, PLAIN: 3},
-                                          resident_experts=16)
+                                          resident_experts=16, tokens={SIZED: 2.5, PLAIN: 1.0})
     both = dataclasses.replace(profile, arm_rates=(greedy, offloaded_entry))
     resident = MoeAwareController(both, gate=False)
     offloaded = MoeAwareController(both, gate=False, residency=lambda: torch.ones(1, 1, dtype=torch.bool))
     assert measured_priors(resident) == {RegimeKey.of(GREEDY, 1): greedy.rates}
     assert BoundedController(offloaded).bandit.priors == {RegimeKey.of(GREEDY, 1): {SIZED: 1.0, PLAIN: 2.0}}
+    assert BoundedController(offloaded).bandit.prior_tokens == {RegimeKey.of(GREEDY, 1): {SIZED: 2.5, PLAIN: 1.0}}
+    assert BoundedController(offloaded, tilt=False).bandit.prior_tokens == {}
     only_resident = MoeAwareController(profile, gate=False, residency=lambda: torch.ones(1, 1, dtype=torch.bool))
     assert measured_priors(only_resident) == {}
 
@@ -80,6 +85,7 @@ def test_batched_requests_are_measured_and_keyed_by_their_rows(measured):
     _, target, drafter, profile = measured
     [entry] = arm_rates_stage(target, drafter, profile, PROMPTS[:1], [GREEDY], 24, rows=2)  # the prompt twice
     assert entry.rows == 2 and SIZED in entry.rates and "static:4" in entry.rates
+    assert entry.tokens[PLAIN] == 1.0, "tokens a row made a step, not the batch's"
     controller = build_controller("moe-aware", lambda: dataclasses.replace(profile, arm_rates=(entry,)))
     assert set(controller.bandit.priors) == {RegimeKey.of(GREEDY, 2)}
 

@@ -117,3 +117,71 @@ def test_arms_in_flight_count_as_tried_so_that_a_caller_recording_late_tries_non
     for _ in range(3):  # a's spread is known: a batch's step outweighs the prior, so each arm is tried
         batch.record(ONE_ROW, "a", 3.0 * (1 + 0.05 * _), 3.0)
     assert batch.choose(ONE_ROW) == "b" and batch.choose(ONE_ROW, in_flight=("b",)) == "c"
+
+
+# the profile's arms as offloaded on the embedded pair: tokens a step, and the profile's rates relative
+# to plain decoding, where the run finds them tilted against the larger trees (a slope of -0.25)
+TOKENS = {"plain": 1.0, "s1": 1.9, "s4": 3.0}
+PROFILED = {"plain": 1.0, "s1": 1.23, "s4": 1.15}
+RUN = {arm: PROFILED[arm] * TOKENS[arm] ** -0.25 for arm in TOKENS}  # s1 about 1.05, s4 about 0.87
+
+
+def _told(bandit: BudgetBandit, arms: tuple[str, ...], rounds: int) -> None:
+    """`rounds` steps of each of `arms` at the run's rates, their tokens and ms spread by 10%."""
+    for step in range(rounds):
+        wobble = 1 + 0.1 * (step % 3 - 1)
+        for arm in arms:
+            bandit.record(ONE_ROW, arm, TOKENS[arm] * wobble, TOKENS[arm] / RUN[arm] / wobble)
+
+
+def test_the_prior_tilts_with_the_arms_tokens_a_step_where_the_profile_kept_them():
+    tilted = BudgetBandit(tuple(TOKENS), priors={ONE_ROW: PROFILED}, prior_tokens={ONE_ROW: TOKENS})
+    flat = BudgetBandit(tuple(TOKENS), priors={ONE_ROW: PROFILED})
+    assert tilted.scaled_prior(ONE_ROW) == pytest.approx(PROFILED), "nothing played: the profile's rates as they are"
+    for bandit in (tilted, flat):
+        _told(bandit, ("plain", "s1"), 6)
+    # one scale prices the unplayed four-node tree above plain decoding; the tilt, below, near the run's
+    assert flat.scaled_prior(ONE_ROW)["s4"] > RUN["plain"]
+    assert tilted.scaled_prior(ONE_ROW)["s4"] < RUN["plain"]
+    assert abs(tilted.scaled_prior(ONE_ROW)["s4"] / RUN["s4"] - 1) < abs(flat.scaled_prior(ONE_ROW)["s4"] / RUN["s4"] - 1)
+    # no tilt in the run: none in the prior, whatever the arms' tokens
+    level = BudgetBandit(tuple(TOKENS), priors={ONE_ROW: PROFILED}, prior_tokens={ONE_ROW: TOKENS})
+    for step in range(6):
+        for arm in ("plain", "s1"):
+            level.record(ONE_ROW, arm, TOKENS[arm] * (1 + 0.1 * (step % 3 - 1)), TOKENS[arm] / (0.5 * PROFILED[arm]))
+    assert level.scaled_prior(ONE_ROW)["s4"] == pytest.approx(0.5 * PROFILED["s4"], rel=0.02)
+
+
+def _tilted_runs(slope: float, tilt: bool, steps: int = 200, seeds: int = 10) -> tuple[float, dict[str, int]]:
+    """Mean regret (the share of the best arm's rate lost a step) and plays per arm over `seeds`
+    runs of four arms whose run rates are the profile's times tokens ** slope."""
+    tokens = {**TOKENS, "s2": 2.3}
+    profiled = {**PROFILED, "s2": 1.21}
+    run = {arm: profiled[arm] * tokens[arm] ** slope for arm in tokens}
+    regret, plays = 0.0, dict.fromkeys(tokens, 0)
+    for seed in range(seeds):
+        bandit = BudgetBandit(tuple(tokens), priors={ONE_ROW: profiled}, prior_tokens={ONE_ROW: tokens} if tilt else None)
+        chosen = _play(bandit, run, steps, seed)
+        regret += sum(1 - run[arm] / max(run.values()) for arm in chosen) / steps / seeds
+        for arm in chosen:
+            plays[arm] += 1
+    return regret, plays
+
+
+def test_a_tilted_run_plays_the_trees_its_profile_overrated_less_and_a_level_one_loses_little():
+    (tilted, tilted_plays), (flat, flat_plays) = (_tilted_runs(-0.25, tilt) for tilt in (True, False))
+    assert tilted_plays["s4"] < 0.7 * flat_plays["s4"] and tilted < flat, (tilted_plays, flat_plays)
+    (tilted, tilted_plays), (flat, flat_plays) = (_tilted_runs(-0.4, tilt) for tilt in (True, False))
+    assert tilted_plays["plain"] > 2 * flat_plays["plain"] and tilted < 0.85 * flat, "plain, best here, is found sooner"
+    tilted, flat = (_tilted_runs(0.0, tilt)[0] for tilt in (True, False))
+    assert tilted < 1.15 * flat, "where the run keeps the profile's ratios, fitting a tilt costs little"
+
+
+def test_the_tilt_needs_every_prior_arms_tokens_and_a_non_negative_spread():
+    partial = BudgetBandit(tuple(TOKENS), priors={ONE_ROW: PROFILED}, prior_tokens={ONE_ROW: {"plain": 1.0, "s1": 1.9}})
+    _told(partial, ("plain", "s1"), 6)
+    flat = BudgetBandit(tuple(TOKENS), priors={ONE_ROW: PROFILED})
+    _told(flat, ("plain", "s1"), 6)
+    assert partial.scaled_prior(ONE_ROW) == pytest.approx(flat.scaled_prior(ONE_ROW)), "an arm without tokens: one scale"
+    with pytest.raises(ValueError, match="tilt_spread"):
+        BudgetBandit(("a",), tilt_spread=-1.0)

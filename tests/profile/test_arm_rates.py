@@ -12,6 +12,11 @@ def test_arm_rates_round_trip_their_dict():
     offloaded = ArmRates(SamplingConfig(), 4, {"plain": 0.1}, {"plain": 5}, resident_experts=16)
     assert ArmRates.from_dict(offloaded.to_dict()) == offloaded
     assert ArmRates.from_dict({k: v for k, v in entry.to_dict().items() if k != "resident_experts"}) == entry
+    with_tokens = ArmRates(SamplingConfig(), 1, {"plain": 0.1, "static:2": 0.12}, {"plain": 5, "static:2": 4},
+                           tokens={"plain": 1.0, "static:2": 1.8})
+    assert ArmRates.from_dict(with_tokens.to_dict()) == with_tokens
+    assert ArmRates.from_dict({k: v for k, v in with_tokens.to_dict().items() if k != "tokens"}).tokens == {}, \
+        "a profile made before tokens were kept loads without them"
 
 
 @pytest.mark.parametrize("rates, steps, match", [
@@ -23,3 +28,9 @@ def test_arm_rates_round_trip_their_dict():
 def test_bad_arm_rates_are_refused(rates, steps, match):
     with pytest.raises(ValueError, match=match):
         ArmRates(SamplingConfig(), 1, rates, steps)
+
+
+@pytest.mark.parametrize("tokens", [{"sized": 2.0}, {"sized": 2.0, "plain": 0.5}, {"sized": float("inf"), "plain": 1.0}])
+def test_bad_arm_tokens_are_refused(tokens):
+    with pytest.raises(ValueError, match="arm tokens"):
+        ArmRates(SamplingConfig(), 1, {"sized": 0.1, "plain": 0.1}, {"sized": 3, "plain": 3}, tokens=tokens)
