@@ -8,9 +8,13 @@ shared by every arm (the prompt mix: code, prose, copies and random text accept 
 in a time of 3 / rate ms +-20%. Each step carries a reference, the tokens its first drafted node
 alone would make (1, or 1 + 0.8 difficulty where the step made more than 1 x difficulty), which
 the bandit adjusts arms' tokens to where `--adjust` says so. The profile's prior is each arm's rate times a factor within
-+-`--prior-noise`, or, in the "swap" case, the two best arms exchanged by `--swap` of a rate.
++-`--prior-noise`, or, in the "swap" case, the two best arms exchanged by `--swap` of a rate, or,
+in the "tilt" case, the arms' rates as the prior has them times their tokens a step to the power
+`--slope` (the run's prompts accept less than the profile's, or its misses cost more: the larger
+trees lose most). `--tilt 1` gives the bandit each arm's tokens a step with its prior.
 
     python scripts/bandit_prior_sim.py --prior-error 0.25,0.18,0.125 --exploration 0.35,0.5,0.7 --adjust 0,1
+    python scripts/bandit_prior_sim.py --prior-error 0.25 --exploration 0.7 --adjust 1 --tilt 0,1
 
 Prints a table (mean and 90th-percentile regret against the best arm, per prior case) and one
 JSON line.
@@ -29,6 +33,8 @@ from moe_spec.policy.budget_bandit import BudgetBandit, RegimeKey
 
 KEY = RegimeKey.of(GREEDY, 1)
 ARMS = {"sized": 0.93, "chain:1": 0.95, "chain:2": 1.0, "chain:3": 0.9, "chain:4": 0.88, "chain:6": 0.85, "plain": 0.8}
+# tokens a step of each, as the profile's arm stage measures them (made up near the embedded pair's T = 1 arms)
+TOKENS = {"sized": 2.2, "chain:1": 1.6, "chain:2": 1.9, "chain:3": 2.1, "chain:4": 2.2, "chain:6": 2.3, "plain": 1.0}
 
 
 def run(bandit: BudgetBandit, rates: dict[str, float], steps: int, request: int, seed: int) -> float:
@@ -47,8 +53,10 @@ def run(bandit: BudgetBandit, rates: dict[str, float], steps: int, request: int,
     return lost / steps
 
 
-def rates_and_prior(case: str, seed: int, noise: float, swap: float) -> tuple[dict[str, float], dict[str, float]]:
+def rates_and_prior(case: str, seed: int, noise: float, swap: float, slope: float = -0.4) -> tuple[dict[str, float], dict[str, float]]:
     """(the run's rates, the prior) for one simulated run."""
+    if case == "tilt":
+        return {arm: rate * TOKENS[arm] ** slope for arm, rate in ARMS.items()}, dict(ARMS)
     if case == "swap":
         rates = dict(ARMS, **{"chain:1": 1.0 - swap})
         return rates, dict(rates, **{"chain:1": 1.0, "chain:2": 1.0 - swap})
@@ -66,30 +74,33 @@ def main() -> None:
     parser.add_argument("--request", type=int, default=40, help="steps a request (its difficulty is shared)")
     parser.add_argument("--prior-noise", type=float, default=0.08)
     parser.add_argument("--swap", type=float, default=0.10)
+    parser.add_argument("--slope", type=float, default=-0.4, help="the tilt case's slope of log rate on log tokens")
+    parser.add_argument("--tilt", default="0", help="give the bandit the arms' tokens a step, to tilt its prior by (0/1)")
     parser.add_argument("--seeds", type=int, default=30)
     args = parser.parse_args()
-    cases = ("noisy", "swap")
+    cases = ("noisy", "swap", "tilt")
     rows = []
     print(f"SIMULATION: {args.steps} steps, requests of {args.request}; regret = mean shortfall against the best arm")
-    print("adjust  prior_error  exploration  " + "  ".join(f"{c:>22s}" for c in cases))
-    for adjust, prior_error, exploration in itertools.product([bool(int(x)) for x in args.adjust.split(",")],
-                                                              [float(x) for x in args.prior_error.split(",")],
-                                                              [float(x) for x in args.exploration.split(",")]):
-        row = {"adjust": adjust, "prior_error": prior_error, "exploration": exploration}
+    print("tilt  adjust  prior_error  exploration  " + "  ".join(f"{c:>22s}" for c in cases))
+    for tilt, adjust, prior_error, exploration in itertools.product([bool(int(x)) for x in args.tilt.split(",")],
+                                                                    [bool(int(x)) for x in args.adjust.split(",")],
+                                                                    [float(x) for x in args.prior_error.split(",")],
+                                                                    [float(x) for x in args.exploration.split(",")]):
+        row = {"tilted": tilt, "adjust": adjust, "prior_error": prior_error, "exploration": exploration}
         for case in cases:
             regrets = []
             for seed in range(args.seeds):
-                rates, prior = rates_and_prior(case, seed, args.prior_noise, args.swap)
+                rates, prior = rates_and_prior(case, seed, args.prior_noise, args.swap, args.slope)
                 bandit = BudgetBandit(tuple(rates), exploration=exploration, prior_error=prior_error, priors={KEY: prior},
-                                      adjust=adjust)
+                                      adjust=adjust, prior_tokens={KEY: TOKENS} if tilt else None)
                 regrets.append(run(bandit, rates, args.steps, args.request, seed))
             regrets.sort()
             row[case] = {"mean": round(statistics.mean(regrets), 4), "p90": round(regrets[int(0.9 * len(regrets))], 4)}
         rows.append(row)
-        print(f"{adjust:6d}  {prior_error:11.3f}  {exploration:11.2f}  " + "  ".join(
+        print(f"{tilt:4d}  {adjust:6d}  {prior_error:11.3f}  {exploration:11.2f}  " + "  ".join(
             f"{row[c]['mean']:10.3f} (p90 {row[c]['p90']:.3f})" for c in cases))
     print(json.dumps({"command": "bandit_prior_sim", "simulation": True, "steps": args.steps, "request": args.request,
-                      "prior_noise": args.prior_noise, "swap": args.swap, "seeds": args.seeds, "rows": rows}))
+                      "prior_noise": args.prior_noise, "swap": args.swap, "slope": args.slope, "seeds": args.seeds, "rows": rows}))
 
 
 if __name__ == "__main__":

@@ -287,8 +287,9 @@ class BudgetBandit:
         `tilt_spread` before the run (ridge: the run's per-step spread squared over tilt_spread
         squared), so that two arms' few steps do not tilt it far. 1.0 for every arm before any of
         them has played."""
+        # an arm adjusted to no tokens at the run's difficulty (`rate_at`) has no log: it tells no tilt
         points = [(math.log(tokens[arm]), math.log(rate / prior[arm]), windows[arm].plays)
-                  for arm, rate in rates.items() if arm in prior]
+                  for arm, rate in rates.items() if arm in prior and rate > 0]
         weight = sum(w for _, _, w in points)
         if not weight:
             return dict.fromkeys(prior, 1.0)

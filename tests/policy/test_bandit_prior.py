@@ -185,3 +185,11 @@ def test_the_tilt_needs_every_prior_arms_tokens_and_a_non_negative_spread():
     assert partial.scaled_prior(ONE_ROW) == pytest.approx(flat.scaled_prior(ONE_ROW)), "an arm without tokens: one scale"
     with pytest.raises(ValueError, match="tilt_spread"):
         BudgetBandit(("a",), tilt_spread=-1.0)
+
+
+def test_an_arm_adjusted_to_no_tokens_tells_no_tilt():
+    bandit = BudgetBandit(tuple(TOKENS), priors={ONE_ROW: PROFILED}, prior_tokens={ONE_ROW: TOKENS})
+    _told(bandit, ("plain", "s1"), 6)
+    rates = {"plain": RUN["plain"], "s1": 0.0}  # what `rate_at` gives an arm whose adjusted tokens fell to none
+    scales = bandit._tilted_scales(rates, bandit.windows(ONE_ROW), PROFILED, TOKENS, 0.3)
+    assert scales == pytest.approx(dict.fromkeys(TOKENS, RUN["plain"] / PROFILED["plain"]))

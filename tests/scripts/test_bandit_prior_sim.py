@@ -58,3 +58,15 @@ def test_the_chain_simulation_loses_less_with_references(monkeypatch, capsys):
     assert (unadjusted["adjust"], adjusted["adjust"]) == (False, True)
     assert adjusted["mean"] < unadjusted["mean"]
     assert all(abs(sum(row["decided"].values()) - 1) < 0.01 for row in (unadjusted, adjusted))
+
+
+def test_the_tilt_case_loses_less_with_the_arms_tokens_and_the_others_little_more(monkeypatch, capsys):
+    rates, prior = bandit_prior_sim.rates_and_prior("tilt", 0, 0.0, 0.1, -0.4)
+    assert prior == bandit_prior_sim.ARMS and rates["plain"] == prior["plain"] and rates["chain:6"] < 0.75 * prior["chain:6"]
+    monkeypatch.setattr(sys, "argv", ["bandit_prior_sim.py", "--prior-error", "0.25", "--exploration", "0.7",
+                                      "--seeds", "12", "--steps", "250", "--adjust", "1", "--tilt", "0,1"])
+    bandit_prior_sim.main()
+    flat, tilted = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["rows"]
+    assert (flat["tilted"], tilted["tilted"]) == (False, True)
+    assert tilted["tilt"]["mean"] < flat["tilt"]["mean"]
+    assert tilted["noisy"]["mean"] < 1.25 * flat["noisy"]["mean"] + 0.005
