@@ -91,11 +91,12 @@ def measured_priors(sizing: MoeAwareController, field: str = "rates") -> dict[Re
 class BoundedController:
     """A `MoeAwareController` (built with its gate off) and fixed budgets, chosen per step by a
     `BudgetBandit` (where no `bandit` is given, `adjust`: its arms judged at the run's difficulty;
-    `tilt`: its prior's scale tilted by the arms' tokens a step, where the profile kept them); see
+    `tilt`: its prior's scale tilted by the arms' tokens a step, where the profile kept them: measured
+    live, not kept as the default, see docs/measurements.md); see
     the module docstring. `decisions` counts the steps each arm decided."""
 
     def __init__(self, sizing: MoeAwareController, fixed: tuple[int, ...] = FIXED_ARMS,
-                 bandit: BudgetBandit | None = None, adjust: bool = True, tilt: bool = True):
+                 bandit: BudgetBandit | None = None, adjust: bool = True, tilt: bool = False):
         if sizing.settings.gate:
             raise ValueError("the sizing's own gate must be off: the bandit's plain arm decides plain steps")
         self.sizing = sizing

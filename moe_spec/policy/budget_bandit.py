@@ -47,8 +47,9 @@ that: an arm whose one step was unlucky would be judged below its prior's weight
 
 The ratios carry over only so far, and not alike for every arm: where the run's prompts accept
 less than the profile's, or its misses cost more, the larger trees lose more against the profile
-than the smaller ones. So where the profile kept each arm's tokens a step (`prior_tokens`), the
-scale tilts with them: the log of measured over prior rate is fitted, over the played arms, as a
+than the smaller ones. So where it is given each arm's tokens a step as the profile measured them
+(`prior_tokens`; `BoundedController` gives them only with `tilt=True`, since live the tilt did not
+beat one scale), the scale tilts with them: the log of measured over prior rate is fitted, over the played arms, as a
 line in the log of their tokens a step, its slope shrunk towards none (`tilt_spread`), and each arm
 the run has not judged yet is priced on that line. Once plain decoding and a one-node tree have
 played, a four-node tree the profile ranked high is priced as far below as they tell.

@@ -75,12 +75,12 @@ def _static(budget: TreeBudget, profile: ProfileSource, scheme: CandidateScheme)
 
 
 def _moe_aware(price_experts: bool = True, price_residency: bool = True, bounded: bool = True,
-               adjust: bool = True, tilt: bool = True):
+               adjust: bool = True, tilt: bool = False):
     """The controller of `moe-aware` and its ablations: the cost model's sizing, bounded by fixed
     budgets (`BoundedController`) in a real run; alone, with its own gate, in a replay (no
     measured throughput to choose by) or unbounded (`bounded=False`); `adjust=False`: the bound's
-    bandit judges each arm on the steps it was told, not at the run's difficulty; `tilt=False`: its
-    prior keeps one scale for every arm."""
+    bandit judges each arm on the steps it was told, not at the run's difficulty; `tilt=True`: its
+    prior's scale tilts with the arms' tokens a step."""
     def build(arg, profile: ProfileSource, adapt: bool, scheme: CandidateScheme, residency=None) -> Controller:
         bound = bounded and adapt
         # bounded, the sizing keeps what it learnt across requests, as the bandit does: it decides
@@ -110,8 +110,8 @@ METHODS: dict[str, Policy] = {
     "moe-aware-unbounded": Policy(True, _moe_aware(bounded=False)),
     # the bound without its difficulty adjustment (`BudgetBandit(adjust=False)`)
     "moe-aware-unadjusted": Policy(True, _moe_aware(adjust=False)),
-    # the bound whose prior keeps one scale for every arm, not tilted by their tokens a step
-    "moe-aware-untilted": Policy(True, _moe_aware(tilt=False)),
+    # the bound whose prior's scale tilts with the arms' tokens a step (`BudgetBandit.prior_tokens`)
+    "moe-aware-tilted": Policy(True, _moe_aware(tilt=True)),
 }
 
 AR = "ar"

@@ -75,8 +75,8 @@ def test_offloaded_experts_take_the_prior_measured_offloaded_and_resident_ones_t
     offloaded = MoeAwareController(both, gate=False, residency=lambda: torch.ones(1, 1, dtype=torch.bool))
     assert measured_priors(resident) == {RegimeKey.of(GREEDY, 1): greedy.rates}
     assert BoundedController(offloaded).bandit.priors == {RegimeKey.of(GREEDY, 1): {SIZED: 1.0, PLAIN: 2.0}}
-    assert BoundedController(offloaded).bandit.prior_tokens == {RegimeKey.of(GREEDY, 1): {SIZED: 2.5, PLAIN: 1.0}}
-    assert BoundedController(offloaded, tilt=False).bandit.prior_tokens == {}
+    assert BoundedController(offloaded, tilt=True).bandit.prior_tokens == {RegimeKey.of(GREEDY, 1): {SIZED: 2.5, PLAIN: 1.0}}
+    assert BoundedController(offloaded).bandit.prior_tokens == {}, "the tilt is not the default"
     only_resident = MoeAwareController(profile, gate=False, residency=lambda: torch.ones(1, 1, dtype=torch.bool))
     assert measured_priors(only_resident) == {}
 
