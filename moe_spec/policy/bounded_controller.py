@@ -107,7 +107,8 @@ class BoundedController:
         self._shapes = {False: trees, True: chains}  # sampled candidates -> the fixed budgets' methods
         self._static = trees  # the request's, set by `begin`
         self.bandit = bandit or BudgetBandit((SIZED, *trees, *chains, PLAIN), priors=measured_priors(sizing),
-                                             adjust=adjust, prior_tokens=measured_priors(sizing, "tokens") if tilt else None)
+                                             adjust=adjust,
+                                             prior_tokens=measured_priors(sizing, "tokens") if tilt else None)
         unknown = set(self.bandit.arms) - {SIZED, PLAIN, *trees, *chains}
         if unknown:
             raise ValueError(f"the bandit's arms {sorted(unknown)} are none of {SIZED!r}, {PLAIN!r} or the fixed budgets")

@@ -49,9 +49,9 @@ The ratios carry over only so far, and not alike for every arm: where the run's 
 less than the profile's, or its misses cost more, the larger trees lose more against the profile
 than the smaller ones. So where it is given each arm's tokens a step as the profile measured them
 (`prior_tokens`; `BoundedController` gives them only with `tilt=True`, since live the tilt did not
-beat one scale), the scale tilts with them: the log of measured over prior rate is fitted, over the played arms, as a
-line in the log of their tokens a step, its slope shrunk towards none (`tilt_spread`), and each arm
-the run has not judged yet is priced on that line. Once plain decoding and a one-node tree have
+beat one scale), the scale tilts with them: the log of measured over prior rate is fitted, over the
+played arms, as a line in the log of their tokens a step, its slope shrunk towards none
+(`tilt_spread`), and each arm the run has not judged yet is priced on that line. Once plain decoding and a one-node tree have
 played, a four-node tree the profile ranked high is priced as far below as they tell.
 
 A regime the profile did not measure starts from the nearest one it did, since the arms' order
@@ -151,7 +151,7 @@ class BudgetBandit:
         self.priors = {key: {arm: float(rate) for arm, rate in rates.items() if arm in self.arms and rate > 0}
                        for key, rates in (priors or {}).items()}
         # regime -> arm -> tokens a row made a step where the profile measured it (how far it speculates)
-        self.prior_tokens = {key: {arm: float(made) for arm, made in tokens.items() if arm in self.arms and made >= 1}
+        self.prior_tokens = {key: {arm: float(t) for arm, t in tokens.items() if arm in self.arms and t >= 1}
                              for key, tokens in (prior_tokens or {}).items()}
         self.prior_error = prior_error
         self.tilt_spread = tilt_spread

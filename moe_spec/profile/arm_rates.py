@@ -3,11 +3,12 @@ the prior its bandit starts from (`moe_spec.policy.budget_bandit`).
 
 An entry holds, for one sampling setting and one batch size, each arm's rate (tokens made over
 milliseconds spent on the steps it decided, each until the next step's start), how many steps
-measured it and the tokens a row made a step on them (what tells how far an arm speculates: the
-bandit tilts the prior's ratios by it where the run finds the larger trees dearer or cheaper than
-the profile did; empty in profiles made before it was kept), with every expert resident or (`resident_experts`) with the experts offloaded behind a cache of
-that many per layer. The rates are those of the machine and experts implementation profiled; the
-bandit carries over their ratios, not their level.
+measured it and the tokens a row made a step on them (how far an arm speculates: a tilted bandit
+prices the arms the run has not judged by it, where the run finds the larger trees dearer or
+cheaper than the profile did; empty in profiles made before it was kept), with every expert
+resident or (`resident_experts`) with the experts offloaded behind a cache of that many per layer.
+The rates are those of the machine and experts implementation profiled; the bandit carries over
+their ratios, not their level.
 """
 
 from __future__ import annotations
@@ -39,7 +40,8 @@ class ArmRates:
             raise ValueError("every arm's rate needs the positive number of steps that measured it")
         if self.tokens and (set(self.tokens) != set(self.rates)
                             or not all(math.isfinite(t) and t >= 1 for t in self.tokens.values())):
-            raise ValueError(f"arm tokens must be given for every arm with a rate, each at least 1 a step, got {self.tokens}")
+            raise ValueError(f"arm tokens must be given for every arm with a rate, each at least 1 a step, "
+                             f"got {self.tokens}")
 
     def to_dict(self) -> dict:
         s = self.sampling
