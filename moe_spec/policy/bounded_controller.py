@@ -91,9 +91,9 @@ def measured_priors(sizing: MoeAwareController, field: str = "rates") -> dict[Re
 class BoundedController:
     """A `MoeAwareController` (built with its gate off) and fixed budgets, chosen per step by a
     `BudgetBandit` (where no `bandit` is given, `adjust`: its arms judged at the run's difficulty;
-    `tilt`: its prior's scale tilted by the arms' tokens a step, where the profile kept them: measured
-    live, not kept as the default, see docs/measurements.md); see
-    the module docstring. `decisions` counts the steps each arm decided."""
+    `tilt`: its prior's scale tilted by the arms' tokens a step, where the profile kept them; measured
+    live and not the default, docs/measurements.md); see the module docstring. `decisions` counts
+    the steps each arm decided."""
 
     def __init__(self, sizing: MoeAwareController, fixed: tuple[int, ...] = FIXED_ARMS,
                  bandit: BudgetBandit | None = None, adjust: bool = True, tilt: bool = False):
