@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from typing import NamedTuple
+from typing import Literal, NamedTuple
 
 from moe_spec.core.control import StepPlan
 from moe_spec.core.drafting import EAGLE2_BUDGET, NO_DRAFT, TreeBudget
@@ -78,7 +78,8 @@ def charged_ms(started: float, own_ms: float, next_started: float | None) -> flo
     return own_ms if next_started is None else max((next_started - started) * 1000, own_ms)
 
 
-def measured_priors(sizing: MoeAwareController, field: str = "rates") -> dict[RegimeKey, dict[str, float]]:
+def measured_priors(sizing: MoeAwareController,
+                    field: Literal["rates", "tokens"] = "rates") -> dict[RegimeKey, dict[str, float]]:
     """The arms' rates the profile measured (`field="tokens"`: their tokens a row made a step), per
     regime (`moe_spec.profile.arm_rates`): those measured resident for a resident target, those
     measured offloaded for an offloaded one (misses reorder the arms; the profile's one cache size

@@ -207,7 +207,7 @@ class BudgetBandit:
         log_term = math.log(max(total, 2))
         reference = self.reference(key)
         rates = {arm: windows[arm].rate_at(reference) for arm in candidates if windows[arm].plays}
-        scaled = self._scaled_prior(key, rates, windows, ratio_spread)
+        scaled = self._scaled_prior(prior, self.prior_tokens_of(key), rates, windows, ratio_spread)
         prior_weight = (ratio_spread / self.prior_error) ** 2  # steps of the run's spread: the prior's error
         unplayed = [arm for arm in judged if not windows[arm].plays and arm not in in_flight]  # with priors
         if unplayed and prior_weight < 1:  # one step of an arm tells more than its prior: take it
@@ -266,14 +266,13 @@ class BudgetBandit:
         reference = self.reference(key)
         rates = {arm: windows[arm].rate_at(reference) for arm in played}
         spread = self._pooled([(windows[arm].own.ratio_spread(), windows[arm].plays) for arm in played])
-        return self._scaled_prior(key, rates, windows, spread)
+        return self._scaled_prior(self.prior_of(key), self.prior_tokens_of(key), rates, windows, spread)
 
-    def _scaled_prior(self, key: RegimeKey, rates: dict[str, float], windows: dict[str, ArmWindow],
-                      ratio_spread: float) -> dict[str, float]:
-        """Each prior rate times what the run measures against the profile (`rates`: the played
-        arms' measured rates): where the profile kept every prior arm's tokens a step, a scale that
+    def _scaled_prior(self, prior: dict[str, float], tokens: dict[str, float], rates: dict[str, float],
+                      windows: dict[str, ArmWindow], ratio_spread: float) -> dict[str, float]:
+        """Each `prior` rate times what the run measures against the profile (`rates`: the played
+        arms' measured rates): where `tokens` holds every prior arm's tokens a step, a scale that
         tilts with them (`_tilted_scales`), else one scale for all (`_prior_scale`)."""
-        prior, tokens = self.prior_of(key), self.prior_tokens_of(key)
         if self.tilt_spread > 0 and prior and all(arm in tokens for arm in prior):
             scales = self._tilted_scales(rates, windows, prior, tokens, ratio_spread)
             return {arm: scales[arm] * rate for arm, rate in prior.items()}
