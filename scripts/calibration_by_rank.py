@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from moe_spec.core.target import TargetModel
-from moe_spec.experiments.prompt_file import load_prompts
+from moe_spec.experiments.prompt_file import in_class_turns, load_prompts
 from moe_spec.loading import load_drafter, load_target, load_tokenizer
 from moe_spec.measure.decoding import decode_prompts
 from moe_spec.measure.store import DEFAULT_PROFILE
@@ -39,7 +39,7 @@ def main() -> int:
     target = TargetModel(load_target(None))
     tokenizer = load_tokenizer(None)
     profile = Profile.load(args.profile, target)
-    prompts = [p.input_ids(tokenizer)[0] for p in load_prompts(args.prompts)][: args.max_prompts]
+    prompts = [p.input_ids(tokenizer)[0] for p in in_class_turns(load_prompts(args.prompts))][: args.max_prompts]
     traces = decode_prompts(target, load_drafter("default", target), prompts, args.max_new_tokens)
     samples = NodeSamples.from_steps([s for t in traces for s in t.steps])
     reached = samples.parent_reached

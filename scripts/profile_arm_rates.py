@@ -23,7 +23,7 @@ from tqdm import tqdm
 
 from moe_spec.cli.option_types import sampling_label, sampling_setting
 from moe_spec.core.target import TargetModel
-from moe_spec.experiments.prompt_file import load_prompts
+from moe_spec.experiments.prompt_file import in_class_turns, load_prompts
 from moe_spec.loading import load_drafter, load_target, load_tokenizer
 from moe_spec.measure.arm_rates_stage import arm_rates_stage
 from moe_spec.profile.artifact import Profile
@@ -49,7 +49,7 @@ def main() -> int:
     tokenizer = load_tokenizer(args.model)
     profile = Profile.load(args.profile, target)
     drafter = load_drafter(args.drafter, target)
-    prompts = [p.input_ids(tokenizer)[0] for p in load_prompts(args.prompts)][: args.max_prompts]
+    prompts = [p.input_ids(tokenizer)[0] for p in in_class_turns(load_prompts(args.prompts))][: args.max_prompts]
     start = time.perf_counter()
     requests = -(-len(prompts) // args.rows)
     with tqdm(total=requests * len(args.settings), desc=f"arm rates, {args.rows} row(s)", file=sys.stderr) as bar:

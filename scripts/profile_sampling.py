@@ -21,7 +21,7 @@ from tqdm import tqdm
 from moe_spec.core.drafting import EAGLE2_BUDGET
 from moe_spec.core.sampling import SamplingConfig
 from moe_spec.core.target import TargetModel
-from moe_spec.experiments.prompt_file import load_prompts
+from moe_spec.experiments.prompt_file import in_class_turns, load_prompts
 from moe_spec.loading import load_drafter, load_target, load_tokenizer
 from moe_spec.measure.sampling_profile import decodes_per_setting, sampling_acceptance
 from moe_spec.profile.artifact import Profile
@@ -58,7 +58,7 @@ def main() -> int:
     tokenizer = load_tokenizer(args.model)
     profile = Profile.load(args.profile, target)
     drafter = load_drafter(args.drafter, target)
-    prompts = [p.input_ids(tokenizer)[0] for p in load_prompts(args.prompts)][: args.max_prompts]
+    prompts = [p.input_ids(tokenizer)[0] for p in in_class_turns(load_prompts(args.prompts))][: args.max_prompts]
     start = time.perf_counter()
     if args.sampled_chain < 0:
         parser.error(f"--sampled-chain must be >= 0, got {args.sampled_chain}")

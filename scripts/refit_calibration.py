@@ -22,7 +22,7 @@ import torch
 from tqdm import tqdm
 
 from moe_spec.core.target import TargetModel
-from moe_spec.experiments.prompt_file import load_prompts
+from moe_spec.experiments.prompt_file import in_class_turns, load_prompts
 from moe_spec.loading import load_drafter, load_target, load_tokenizer
 from moe_spec.measure.decoding import decode_prompts
 from moe_spec.measure.profiler import ProfileSettings
@@ -43,7 +43,7 @@ def main() -> int:
     tokenizer = load_tokenizer(None)
     profile = Profile.load(args.profile, target)
     drafter = load_drafter("default", target)
-    prompts = [p.input_ids(tokenizer)[0] for p in load_prompts(args.prompts)][: args.max_prompts]
+    prompts = [p.input_ids(tokenizer)[0] for p in in_class_turns(load_prompts(args.prompts))][: args.max_prompts]
     settings = ProfileSettings()  # the profiler's decoding: its prompt length and candidate trees
     start = time.perf_counter()
     with tqdm(total=len(prompts), desc="greedy decoding", file=sys.stderr) as bar:

@@ -29,7 +29,7 @@ from moe_spec.core.drafting import EAGLE2_BUDGET, TreeBudget
 from moe_spec.core.sampling import GREEDY
 from moe_spec.errors import InputError
 from moe_spec.loading import load_drafter, load_target, load_tokenizer, model_folder
-from moe_spec.experiments.prompt_file import load_prompts
+from moe_spec.experiments.prompt_file import in_class_turns, load_prompts
 from moe_spec.profile.artifact import Profile
 from moe_spec.profile.cost_model import CostModel
 from moe_spec.measure.latency import TimingConfig
@@ -77,7 +77,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     size = parser.add_argument_group("how much to measure (smaller: a quicker, rougher profile)")
     size.add_argument("--max-new-tokens", type=positive_int, default=SETTINGS["max_new_tokens"],
                       help="tokens decoded per prompt for acceptance and routing statistics")
-    size.add_argument("--max-prompts", type=positive_int, default=None, help="use only the first N prompts (default: all)")
+    size.add_argument("--max-prompts", type=positive_int, default=None, help="use only the first N prompts, the classes taking turns (default: all)")
     size.add_argument("--repeats", type=positive_int, default=TIMING["repeats"], help="timed runs of each verify pass")
     size.add_argument("--warmup", type=non_negative_int, default=TIMING["warmup"], help="untimed runs before them")
     size.add_argument("--grid-tokens", type=_int_list, default=SETTINGS["grid_tokens"],
@@ -200,9 +200,11 @@ def _with_arm_rates(profile: Profile, target: TargetModel, drafter, prompts, arg
 
 
 def read_prompts(path: Path, tokenizer, vocab_size: int) -> list[torch.Tensor]:
-    """[T] long token ids per prompt of a prompt file (`moe_spec.experiments.prompt_file`), checked against the vocabulary."""
+    """[T] long token ids per prompt of a prompt file (`moe_spec.experiments.prompt_file`), checked
+    against the vocabulary, with the classes taking turns (`in_class_turns`): the stages that decode
+    only the first few (the fetch and arm stages) see every class alike."""
     prompts = []
-    for number, prompt in enumerate(load_prompts(path), 1):
+    for number, prompt in enumerate(in_class_turns(load_prompts(path)), 1):
         ids = prompt.input_ids(tokenizer)[0]
         if bool(((ids < 0) | (ids >= vocab_size)).any()):
             raise InputError(f"{path}: prompt {number} has token ids outside [0, {vocab_size})")

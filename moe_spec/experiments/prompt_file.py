@@ -4,7 +4,9 @@ optional `class`; other keys are kept as metadata. Read by `bench`, `profile` an
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from itertools import zip_longest
 from pathlib import Path
 
 import torch
@@ -61,6 +63,18 @@ def load_prompts(path: str | Path, limit_per_class: int | None = None) -> list[P
     if not prompts:
         raise InputError(f"{path} holds no prompts")
     return prompts
+
+
+def in_class_turns(prompts: Sequence[Prompt]) -> list[Prompt]:
+    """`prompts` with their classes taking turns (each class's first, in the order the classes first
+    appear, then each one's second, ...), so that the first N of them hold every class alike. A
+    prompt file is usually written class by class: a stage that decodes only its first few prompts
+    (the profile's arm and fetch stages) would otherwise see one or two classes of it."""
+    by_class: dict[str, list[Prompt]] = {}
+    for prompt in prompts:
+        by_class.setdefault(prompt.prompt_class, []).append(prompt)
+    turns = zip_longest(*by_class.values())
+    return [prompt for turn in turns for prompt in turn if prompt is not None]
 
 
 def _parse_line(line: str, where: str) -> Prompt:

@@ -5,7 +5,7 @@ import torch
 from transformers import BatchEncoding
 
 from moe_spec.errors import InputError
-from moe_spec.experiments.prompt_file import Prompt, load_prompts
+from moe_spec.experiments.prompt_file import Prompt, in_class_turns, load_prompts
 
 
 @pytest.mark.parametrize("line, message", [
@@ -57,3 +57,21 @@ class NothingTokenizer:
 def test_a_text_prompt_that_tokenizes_to_nothing_is_named():
     with pytest.raises(InputError, match=r"the 'code' prompt '\\u200b' tokenizes to nothing"):
         Prompt("code", text="\u200b").input_ids(NothingTokenizer())
+
+
+def test_classes_take_turns_so_a_leading_cut_holds_each_alike():
+    # written class by class, as the shipped prompt files are: a, a, a, b, b, c
+    prompts = [Prompt(name, ids=(i,)) for i, name in enumerate("aaabbc")]
+    turns = in_class_turns(prompts)
+    assert [p.ids[0] for p in turns] == [0, 3, 5, 1, 4, 2]
+    assert sorted(turns, key=lambda p: p.ids) == prompts  # a reordering: nothing lost, nothing repeated
+    assert {p.prompt_class for p in turns[:3]} == {"a", "b", "c"}
+    assert in_class_turns([]) == []
+
+
+def test_the_profile_reads_its_prompts_in_class_turns(tmp_path):
+    from moe_spec.cli.profile import read_prompts
+
+    path = tmp_path / "p.jsonl"
+    path.write_text("".join(f'{{"class": "{name}", "prompt_ids": [{i + 1}]}}\n' for i, name in enumerate("xxyyzz")))
+    assert [int(ids[0]) for ids in read_prompts(path, None, 100)] == [1, 3, 5, 2, 4, 6]
