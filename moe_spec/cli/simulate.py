@@ -30,6 +30,7 @@ from moe_spec.cli.option_types import positive_float, positive_int
 from moe_spec.experiments.report import format_table
 from moe_spec.profile.cost_model import CostModel
 from moe_spec.errors import InputError
+from moe_spec.offload.resident_cache import Eviction
 from moe_spec.experiments.analytic_cost import DEVICES, ModelShapes, analytic_cost_model, analytic_terms, scaled_expert_cost
 from moe_spec.experiments.bound_replay import BOUNDED
 from moe_spec.experiments.bounds import decomposition
@@ -44,6 +45,9 @@ from moe_spec.policy.registry import method_names
 LABEL = "SIMULATION"
 NOTE = ("SIMULATION: verify times are predicted by the cost model named, on the routing recorded in the trace; "
         "not measured. Policies replay EAGLE-2's recorded steps with online corrections off.")
+MISSES_COLUMN = ("miss/tok", "misses_per_token", "{:.2f}")
+OFFLOAD_NOTE = ("offloaded: each policy's passes go through its own cache of the resident experts, cold at each "
+                "prompt (the prefill not replayed), and pay the profile's fetch time for their misses")
 COLUMNS = (
     ("sim tok/s", "tokens_per_s", "{:.1f}"),
     ("sim speedup", "speedup_vs_ar", "{:.2f}x"),
@@ -75,6 +79,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--draft-time", default="scaled", choices=DRAFT_TIMES,
                         help="scaled: recorded draft time times the simulated / profiled non-expert cost (default); "
                              "recorded: as measured; zero: free drafting")
+    parser.add_argument("--resident-experts", type=positive_int, default=None, metavar="C",
+                        help="experts offloaded behind a resident cache of C per MoE layer: each pass also pays the "
+                             "cost model's fetch term for its misses (the cost model must have one: a profile from "
+                             "scripts/profile_fetch.py; default: every expert resident)")
+    parser.add_argument("--eviction", default=Eviction.LRU.value, choices=[e.value for e in Eviction],
+                        help="the replayed cache's eviction, with --resident-experts (default: lru, as offloading's)")
     add_json_argument(parser, "the full simulation report")
     parser.add_argument("--plots", default=None, help="folder for PNG figures (speedup against per-expert scale)")
 
@@ -99,7 +109,8 @@ def run(args: argparse.Namespace) -> dict:
     for base, terms in cost_models(args.cost_model, trace, profile, args):
         for scale in args.per_expert_scale:
             cost = scaled_expert_cost(base, scale)
-            replays = simulate(trace, profile, cost, policies, args.draft_time)
+            replays = simulate(trace, profile, cost, policies, args.draft_time, args.resident_experts,
+                               Eviction(args.eviction))
             results.append({"cost_model": cost.to_dict(), "per_expert_scale": scale, "analytic_terms": terms,
                             "draft_time": args.draft_time,
                             "draft_time_factor": round(draft_factor(args.draft_time, cost, profile.cost_model), 6),
@@ -110,6 +121,8 @@ def run(args: argparse.Namespace) -> dict:
         "simulation": True,
         "note": NOTE,
         "acceptance": "exact (greedy trace)" if trace.greedy else "approximate (sampled trace: recorded path cut to the subtree)",
+        "offload": None if args.resident_experts is None else {"resident_experts": args.resident_experts,
+                                                                "eviction": args.eviction, "note": OFFLOAD_NOTE},
         "trace": str(args.trace),
         "trace_method": trace.header.get("method"),
         "steps": len(trace.steps),
@@ -196,13 +209,18 @@ def format_report(report: dict) -> str:
         f"recorded on the tracing machine (measured, decode only): eagle2 {recorded['tokens_per_s']:.1f} tok/s, "
         f"accept {recorded['mean_accept_len']:.2f}, verify {recorded['verify_ms']:.3f} ms, draft {recorded['draft_ms']:.3f} ms",
     ]
+    offload = report.get("offload")
+    if offload is not None:
+        lines.append(f"{LABEL} | {offload['resident_experts']} experts resident per layer ({offload['eviction']}); "
+                     f"{offload['note']}")
     for result in report["results"]:
         cost = result["cost_model"]
         experts = ", ".join(f"{v:.4g}" for v in cost["per_expert_ms"])
         title = (f"{LABEL} | cost model {cost['source']}: {cost['base_ms']:.4g} ms + {cost['per_token_ms']:.4g} ms/token "
                  f"+ [{experts}] ms/expert-layer")
         title += f"; draft time {result['draft_time']} (x{result['draft_time_factor']:.4g})"
-        table = format_table(result["policies"], title, COLUMNS)
+        columns = COLUMNS if report.get("offload") is None else (*COLUMNS, MISSES_COLUMN)
+        table = format_table(result["policies"], title, columns)
         best = result["policies"].get("static-best", {}).get("budget")
         lines += ["", table + (f"\n(static-best = {best})" if best else "")]
         if BOUNDED in result["policies"]:

@@ -128,8 +128,10 @@ def analytic_cost_model(shapes: ModelShapes, device: Device, context_tokens: int
 
 
 def scaled_expert_cost(cost: CostModel, scale: float) -> CostModel:
-    """The same model with every per-expert cost multiplied by `scale` (expert loading made dearer)."""
+    """The same model with every per-expert cost multiplied by `scale` (expert loading made dearer);
+    a fetch cost, measured on its tier, is kept as it is."""
     if scale <= 0:
         raise ValueError(f"per-expert scale must be > 0, got {scale}")
     source = cost.source if scale == 1 else f"{cost.source}, per-expert x{scale:g}"
-    return CostModel(cost.base_ms, cost.per_token_ms, tuple(c * scale for c in cost.per_expert_ms), cost.num_layers, source)
+    return CostModel(cost.base_ms, cost.per_token_ms, tuple(c * scale for c in cost.per_expert_ms), cost.num_layers, source,
+                     cost.per_row_ms, cost.fetch)

@@ -17,7 +17,9 @@ step the replay's draft time (EAGLE-2 drafting its whole candidate tree), as eve
 pays; `ceiling, sized draft (bound)` charges each prefix the draft time of its own size
 (`sized_draft_ms`, none when nothing is drafted), which bounds every sized-draft row below, since the
 sized draft time grows with a subtree's depth and node count and S reaches at least depth k with at
-least k nodes.
+least k nodes. With experts offloaded behind a cache, a step's price depends on what the steps
+before it loaded, the sum no longer separates, and the same iteration choosing step by step given
+the cache (`replay.cached_selection`) is a heuristic: a ceiling of these choices, not of every one.
 
 (b) `moe-aware, true routing`: the controller prices each node by the experts the trace recorded
 for it (`OracleMoeAware` overriding `ProfiledController._expert_probs`) instead of the profile's
@@ -53,7 +55,6 @@ from moe_spec.core.forest import StepForest
 from moe_spec.core.step_record import StepRecord
 from moe_spec.measure.latency import DraftCost
 from moe_spec.policy.moe_aware import MoeAwareController
-from moe_spec.profile.cost_model import CostModel
 
 CEILING = "ceiling (bound)"  # (a)
 SIZED_CEILING = "ceiling, sized draft (bound)"
@@ -64,16 +65,12 @@ ALL_ORACLES = "moe-aware, all oracles (oracle)"
 STATIC_SIZED = "static-best, sized draft (bound)"
 
 
-def path_prefix_options(step: StepRecord, cost: CostModel, draft_ms: Callable[[tuple[int, ...]], float],
-                        unique_experts) -> list[tuple[int, float, tuple[int, ...]]]:
-    """Per number of accepted drafts k = 0..: (tokens k + 1, draft + verify ms of the path's first
-    k + 1 nodes, those nodes); `draft_ms(nodes)` is the draft time charged for verifying `nodes`."""
+def path_prefix_options(step: StepRecord, step_ms: Callable[[tuple[int, ...]], float]
+                        ) -> list[tuple[int, float, tuple[int, ...]]]:
+    """Per number of accepted drafts k = 0..: (tokens k + 1, `step_ms` of the path's first k + 1
+    nodes, those nodes); `step_ms(nodes)` is what drafting and verifying `nodes` is charged."""
     path = list(step.acceptances[0].path)
-    options = []
-    for k in range(len(path)):
-        keep = tuple(path[: k + 1])
-        options.append((k + 1, draft_ms(keep) + cost.predict_ms(len(keep), unique_experts(step, keep)), keep))
-    return options
+    return [(k + 1, step_ms(tuple(path[: k + 1])), tuple(path[: k + 1])) for k in range(len(path))]
 
 
 def selection_ceiling(options_per_step: Sequence[list[tuple[int, float, tuple[int, ...]]]]) -> list[int]:
@@ -129,8 +126,8 @@ class OracleMoeAware(MoeAwareController):
     with `realised_acceptance`, each node's value is 1 on the recorded accepted path and 0 off it.
     Online corrections off, as for every replayed policy."""
 
-    def __init__(self, profile, true_routing: bool, realised_acceptance: bool):
-        super().__init__(profile, adapt=False)
+    def __init__(self, profile, true_routing: bool, realised_acceptance: bool, residency=None):
+        super().__init__(profile, adapt=False, residency=residency)
         self.true_routing = true_routing
         self.realised_acceptance = realised_acceptance
         self._step: StepRecord | None = None

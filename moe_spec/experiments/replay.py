@@ -16,7 +16,10 @@ node) and every policy:
    sampled trace it is the recorded accepted path cut where it leaves the subtree: an
    approximation, flagged in the results;
 3. the verify pass costs `cost.predict_ms(|S|, U)` with U[l] the distinct experts layer l loads for
-   the chosen nodes S according to their *recorded* routing;
+   the chosen nodes S according to their *recorded* routing; offloaded (`resident`), plus the cost
+   model's fetch time for the experts of U missing from a cache of that many per layer, replayed
+   along the policy's own passes (`replay_cache`: each policy pays the misses its own choices leave,
+   and `moe-aware` prices the residency of that cache as it prices the live one);
 4. the draft time is added: by default (`scaled`) the recorded one (EAGLE-2 drafting its full
    candidate tree) times the ratio of the simulated to the profiled cost of the target's non-expert
    work, (base_ms + per_token_ms) / (base_ms' + per_token_ms'), since a draft head is a small dense
@@ -32,7 +35,10 @@ Not modelled: each policy replays EAGLE-2's trajectory (the prefix a step starts
 EAGLE-2 reached, not the one the policy would have); every policy pays EAGLE-2's draft time, though
 `static:N` and `moe-aware` draft smaller trees in a real run; `moe-aware` chooses from the full
 60-node tree, while in a real run it sizes its candidate tree from recent steps; no policy pays
-controller time (plan_ms).
+controller time (plan_ms). Offloaded, the prefill's reads (not traced) are not replayed: each prompt's
+first steps start from a cold cache; the bound's replay takes each arm's step as that arm's own
+passes priced it, not as the mix the bandit chose would have left the cache; and the selection
+ceiling is chosen step by step given the cache (`cached_selection`), a heuristic rather than a bound.
 
 For a greedy trace with `moe-aware` asked, `moe-aware, bounded (replay)` is `moe-aware` as a live run
 decides: its bandit choosing, step by step, among the replays of its arms (`bound_replay.py`).
@@ -47,7 +53,7 @@ under the profile's model prices by that model).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
 import torch
@@ -69,6 +75,8 @@ from moe_spec.experiments.bounds import (
     path_prefix_options, profiled_draft_cost, selection_ceiling, sized_draft_ms,
 )
 from moe_spec.experiments.bound_replay import BOUNDED, BoundSettings, replay_bound
+from moe_spec.experiments.replay_cache import Pricing, PricedPasses
+from moe_spec.offload.resident_cache import Eviction
 from moe_spec.experiments.trace_file import Trace, TraceError
 from moe_spec.core.tree import DraftTree
 
@@ -89,6 +97,7 @@ class ReplayedStep:
     verify_ms: float  # simulated
     draft_ms: float  # recorded
     unique_experts: tuple[int, ...]  # [L] distinct experts per MoE layer over `keep`, from recorded routing
+    misses: int | None = None  # experts fetched over all layers (an offloaded replay; else None)
 
 
 def unique_experts(step: StepRecord, keep: Sequence[int]) -> tuple[int, ...]:
@@ -135,13 +144,19 @@ def accepted_tokens(step: StepRecord, keep: Sequence[int], greedy: bool) -> int:
     return produced
 
 
-def replay_step(step: StepRecord, controller: Controller, cost: CostModel, greedy: bool, draft_factor: float = 1.0) -> ReplayedStep:
+def replay_step(step: StepRecord, controller: Controller, passes: PricedPasses, greedy: bool,
+                draft_factor: float = 1.0) -> ReplayedStep:
     draft_ms = step.draft_ms * draft_factor
     tree = step.tree()
     chosen = controller.plan(StepForest((tree,)), draft_ms).verify[0]
     keep = tuple(subtree_indices(tree, chosen)) if tree.num_drafted else (0,)
-    unique = unique_experts(step, keep)
-    return ReplayedStep(keep, accepted_tokens(step, keep, greedy), cost.predict_ms(len(keep), unique), draft_ms, unique)
+    return priced_step(step, keep, accepted_tokens(step, keep, greedy), draft_ms, passes)
+
+
+def priced_step(step: StepRecord, keep: tuple[int, ...], tokens: int, draft_ms: float, passes: PricedPasses) -> ReplayedStep:
+    """The pass of nodes `keep` on `step`, priced by `passes` (its misses admitted to its cache)."""
+    ms, misses = passes.verify(step, keep)
+    return ReplayedStep(keep, tokens, ms, draft_ms, unique_experts(step, keep), misses)
 
 
 def draft_factor(draft_time: str, cost: CostModel, profiled: CostModel) -> float:
@@ -158,9 +173,14 @@ def draft_factor(draft_time: str, cost: CostModel, profiled: CostModel) -> float
     return dense / dense_profiled
 
 
-def ar_step(step: StepRecord, cost: CostModel) -> ReplayedStep:
-    unique = unique_experts(step, [0])
-    return ReplayedStep((0,), 1, cost.predict_ms(1, unique), 0.0, unique)
+def ar_replay(trace: Trace, pricing: Pricing) -> list[ReplayedStep]:
+    """`ar` on every traced step: the root alone, one token."""
+    passes, steps = pricing.passes(trace.num_experts), []
+    for step, first in trace.prompt_steps():
+        if first:
+            passes.begin()
+        steps.append(priced_step(step, (0,), 1, 0.0, passes))
+    return steps
 
 
 def recorded_step(step: StepRecord) -> ReplayedStep:
@@ -187,6 +207,7 @@ def summarise(steps: Sequence[ReplayedStep]) -> dict:
     verify = sum(s.verify_ms for s in steps)
     draft = sum(s.draft_ms for s in steps)
     loads = sum(sum(s.unique_experts) for s in steps)
+    misses = [s.misses for s in steps if s.misses is not None]
     per_layer = [sum(s.unique_experts) / len(s.unique_experts) for s in steps if s.unique_experts]
     return {
         "tokens_per_s": _round(1000.0 * tokens / (verify + draft) if verify + draft > 0 else 0.0),
@@ -197,6 +218,7 @@ def summarise(steps: Sequence[ReplayedStep]) -> dict:
         "unique_experts_per_layer": _round(sum(per_layer) / len(per_layer) if per_layer else 0.0),
         "expert_loads_per_token": _round(loads / tokens if tokens else 0.0),
         "mean_tree_size": _round(sum(len(s.keep) - 1 for s in steps) / n if n else 0.0),
+        "misses_per_token": _round(sum(misses) / tokens) if misses and tokens else None,
         "tokens": tokens,
         "steps": n,
     }
@@ -210,22 +232,26 @@ class PolicyReplay:
 
 
 def simulate(trace: Trace, profile: Profile, cost: CostModel, policies: Sequence[str],
-             draft_time: str = "scaled") -> dict[str, PolicyReplay]:
+             draft_time: str = "scaled", resident: int | None = None,
+             eviction: Eviction = Eviction.LRU) -> dict[str, PolicyReplay]:
     """Policy name -> its replay of every traced step under `cost`, then the bounds (`BOUNDS`, those
-    whose policy was asked for; see module docstring)."""
+    whose policy was asked for; see module docstring). With `resident` experts per layer, experts
+    are offloaded behind a cache of that size (`replay_cache`)."""
     simulated = replace(profile, cost_model=cost)
+    pricing = Pricing(cost, resident, eviction)
     factor = draft_factor(draft_time, cost, profile.cost_model)
-    ar = [ar_step(step, cost) for step in trace.steps]
+    ar = ar_replay(trace, pricing)
     results: dict[str, PolicyReplay] = {AR: PolicyReplay(AR, ar, summarise(ar))}
     for name in [n for n in expand_methods(list(policies)) if n != AR]:
-        results[name] = replay_policy(name, trace, build_controller(name, lambda: simulated, adapt=False), cost, factor)
+        results[name] = replay_policy(name, trace, lambda residency, name=name: build_controller(
+            name, lambda: simulated, adapt=False, residency=residency), pricing, factor)
     if STATIC_BEST in policies:
         grid = [results[n] for n in static_grid_names()]
         best = max(grid, key=lambda r: r.figures["tokens_per_s"])
         results[STATIC_BEST] = PolicyReplay(STATIC_BEST, best.steps, {**best.figures, "budget": best.name})
-    results.update(bound_replays(trace, simulated, results, factor))
+    results.update(bound_replays(trace, simulated, results, factor, pricing))
     if "moe-aware" in results and trace.greedy:
-        results[BOUNDED] = bounded_replay(trace, simulated, results, factor)
+        results[BOUNDED] = bounded_replay(trace, simulated, results, factor, pricing)
     baseline = results[AR].figures["tokens_per_s"]
     for result in results.values():
         result.figures["speedup_vs_ar"] = _round(result.figures["tokens_per_s"] / baseline) if baseline > 0 else None
@@ -233,17 +259,21 @@ def simulate(trace: Trace, profile: Profile, cost: CostModel, policies: Sequence
     return {name: results[name] for name in [*policies, *[b for b in BOUNDS if b in results]]}
 
 
-def replay_policy(name: str, trace: Trace, controller: Controller, cost: CostModel, factor: float) -> PolicyReplay:
-    """`controller` planning every traced step (an `OracleMoeAware` is shown each step first). For a
-    profile-driven controller, `predicted_accept_len` is what its values expected of its choices."""
-    replayed, predicted, prompt = [], [], None
-    for step in trace.steps:
-        if step.rows[0] != prompt:  # a new prompt: a new `generate` call
+def replay_policy(name: str, trace: Trace, controller: Callable[..., Controller], pricing: Pricing,
+                  factor: float) -> PolicyReplay:
+    """`controller(residency)` (built on the replay's own cache: None where every expert is resident)
+    planning every traced step (an `OracleMoeAware` is shown each step first). For a profile-driven
+    controller, `predicted_accept_len` is what its values expected of its choices."""
+    passes = pricing.passes(trace.num_experts)
+    controller = controller(passes.residency)
+    replayed, predicted = [], []
+    for step, first in trace.prompt_steps():
+        if first:  # a new prompt: a new `generate` call, from a cold cache
             controller.begin(EAGLE2_BUDGET)
-            prompt = step.rows[0]
+            passes.begin()
         if isinstance(controller, OracleMoeAware):
             controller.reveal(step)
-        replayed.append(replay_step(step, controller, cost, trace.greedy, factor))
+        replayed.append(replay_step(step, controller, passes, trace.greedy, factor))
         if isinstance(controller, ProfiledController):
             drafted = list(replayed[-1].keep[1:])
             predicted.append(1.0 + (float(controller.values(step.tree())[drafted].sum()) if drafted else 0.0))
@@ -254,29 +284,34 @@ def replay_policy(name: str, trace: Trace, controller: Controller, cost: CostMod
 
 
 def bound_arms(trace: Trace, simulated: Profile, factor: float, fixed_nodes: Sequence[int],
-               results: dict[str, PolicyReplay] | None = None) -> tuple[list, dict[int, list], list]:
+               results: dict[str, PolicyReplay] | None = None,
+               pricing: Pricing | None = None) -> tuple[list, dict[int, list], list]:
     """The replayed steps of the bound's arms: its sizing (gate off: the bandit's plain arm gates),
     each fixed budget (nodes -> `static:nodes`'s, reused from `results` where there) and plain
-    decoding (`ar`'s)."""
+    decoding (`ar`'s), each priced by `pricing` (default: the simulated profile's cost model, every
+    expert resident) along its own passes."""
     results = results or {}
-    cost = simulated.cost_model
-    sized = replay_policy("sized", trace, MoeAwareController(simulated, adapt=False, gate=False), cost, factor).steps
+    pricing = pricing or Pricing(simulated.cost_model)
+    sized = replay_policy("sized", trace, lambda residency: MoeAwareController(
+        simulated, adapt=False, gate=False, residency=residency), pricing, factor).steps
     fixed = {}
     for nodes in fixed_nodes:
         name = f"static:{nodes}"
-        replay = results.get(name) or replay_policy(name, trace, build_controller(name, lambda: simulated, adapt=False), cost, factor)
+        replay = results.get(name) or replay_policy(name, trace, lambda residency, name=name: build_controller(
+            name, lambda: simulated, adapt=False, residency=residency), pricing, factor)
         fixed[nodes] = replay.steps
-    plain = results[AR].steps if AR in results else [ar_step(step, cost) for step in trace.steps]
+    plain = results[AR].steps if AR in results else ar_replay(trace, pricing)
     return sized, fixed, plain
 
 
 def bounded_replay(trace: Trace, simulated: Profile, results: dict[str, PolicyReplay], factor: float,
-                   settings: BoundSettings = BoundSettings()) -> PolicyReplay:
+                   pricing: Pricing, settings: BoundSettings = BoundSettings()) -> PolicyReplay:
     """`moe-aware` as a live run decides (`experiments/bound_replay.py`): the bandit over its arms'
-    replays (`bound_arms`); greedy traces only (a sampled one tells no smaller budget's tokens)."""
-    sized, fixed, plain = bound_arms(trace, simulated, factor, settings.fixed, results)
+    replays (`bound_arms`); greedy traces only (a sampled one tells no smaller budget's tokens).
+    Offloaded, each arm's steps are priced along its own passes, not along the mix the bandit plays."""
+    sized, fixed, plain = bound_arms(trace, simulated, factor, settings.fixed, results, pricing)
     if not settings.priors:
-        settings = replace(settings, priors=_greedy_priors(simulated))
+        settings = replace(settings, priors=_greedy_priors(simulated, pricing.offloaded))
     chosen, decisions = replay_bound([step.rows[0] for step in trace.steps], sized, fixed, plain, settings)
     shares = {arm: _round(count / len(chosen)) for arm, count in decisions.most_common()} if chosen else {}
     arms = {SIZED: summarise(sized), **{f"static:{n}": summarise(steps) for n, steps in fixed.items()},
@@ -289,20 +324,20 @@ def bounded_replay(trace: Trace, simulated: Profile, results: dict[str, PolicyRe
                                           "bound": note})
 
 
-def _greedy_priors(simulated: Profile) -> tuple[tuple[str, float], ...]:
+def _greedy_priors(simulated: Profile, offloaded: bool) -> tuple[tuple[str, float], ...]:
     """The arms' rates the profile measured greedily on one row, as a live run's bandit takes them
     (offloaded ones where the replay prices fetches)."""
-    offloaded = simulated.cost_model.fetch is not None
     for entry in simulated.arm_rates:
         if entry.sampling.greedy and entry.rows == 1 and (entry.resident_experts is not None) == offloaded:
             return tuple(sorted(entry.rates.items()))
     return ()
 
 
-def bound_replays(trace: Trace, simulated: Profile, results: dict[str, PolicyReplay], factor: float) -> dict[str, PolicyReplay]:
+def bound_replays(trace: Trace, simulated: Profile, results: dict[str, PolicyReplay], factor: float,
+                  pricing: Pricing) -> dict[str, PolicyReplay]:
     """The replays of `experiments/bounds.py` beside `results`: the ceilings always, the moe-aware
     oracles with `moe-aware`, the sized static-best with `static-best`."""
-    cost, draft_cost = simulated.cost_model, profiled_draft_cost(simulated)
+    draft_cost = profiled_draft_cost(simulated)
 
     def recorded(step: StepRecord, keep: Sequence[int]) -> float:
         return step.draft_ms * factor
@@ -314,8 +349,8 @@ def bound_replays(trace: Trace, simulated: Profile, results: dict[str, PolicyRep
               "at that depth and node count / at the candidates'" if draft_cost is not None else
               "draft time of the verified subtree's depth: the replayed draft time x its depth / the candidates'")
     bounds = {
-        CEILING: ceiling_replay(CEILING, trace, cost, recorded, "replay: verifies exactly the accepted path's best prefix"),
-        SIZED_CEILING: ceiling_replay(SIZED_CEILING, trace, cost, sized,
+        CEILING: ceiling_replay(CEILING, trace, pricing, recorded, "replay: verifies exactly the accepted path's best prefix"),
+        SIZED_CEILING: ceiling_replay(SIZED_CEILING, trace, pricing, sized,
                                       f"replay: verifies exactly the accepted path's best prefix; {sizing}"),
     }
     if STATIC_BEST in results:
@@ -330,7 +365,8 @@ def bound_replays(trace: Trace, simulated: Profile, results: dict[str, PolicyRep
                    REALISED: (False, True, "replay: node values 1 on the recorded accepted path, 0 elsewhere"),
                    ALL_ORACLES: (True, True, f"replay: recorded routing, realised acceptance and {sizing}")}
         for name, (routing, acceptance, note) in oracles.items():
-            replay = replay_policy(name, trace, OracleMoeAware(simulated, routing, acceptance), cost, factor)
+            replay = replay_policy(name, trace, lambda residency, routing=routing, acceptance=acceptance: OracleMoeAware(
+                simulated, routing, acceptance, residency=residency), pricing, factor)
             if name == ALL_ORACLES:
                 replay = resized(replay, name, trace, sized, note)
             bounds[name] = PolicyReplay(name, replay.steps, {**replay.figures, "bound": note})
@@ -344,18 +380,53 @@ def resized(replay: PolicyReplay, name: str, trace: Trace, draft_ms, note: str) 
     return PolicyReplay(name, steps, {**summarise(steps), **extra, "bound": note})
 
 
-def ceiling_replay(name: str, trace: Trace, cost: CostModel, draft_ms, note: str) -> PolicyReplay:
+def ceiling_replay(name: str, trace: Trace, pricing: Pricing, draft_ms, note: str) -> PolicyReplay:
     """The selection ceiling: the best throughput any node selection could reach on these steps,
-    each choice charged `draft_ms(step, keep)` for drafting."""
-    options = [path_prefix_options(step, cost, lambda keep, step=step: draft_ms(step, keep), unique_experts)
-               for step in trace.steps]
-    picks = selection_ceiling(options)
-    steps = []
-    for step, opts, i in zip(trace.steps, options, picks):
-        tokens, ms, keep = opts[i]
-        draft = draft_ms(step, keep)
-        steps.append(ReplayedStep(keep, tokens, ms - draft, draft, unique_experts(step, keep)))
+    each choice charged `draft_ms(step, keep)` for drafting (offloaded: a heuristic, see
+    `cached_selection`)."""
+    if pricing.offloaded:
+        picks = cached_selection(trace, pricing, draft_ms)
+        note += "; offloaded: chosen step by step given the cache the earlier choices left (a heuristic, not a bound)"
+    else:
+        passes = pricing.passes(trace.num_experts)
+        options = [path_prefix_options(step, lambda keep, step=step: draft_ms(step, keep) + passes.peek_ms(step, keep))
+                   for step in trace.steps]
+        picks = [opts[i][2] for opts, i in zip(options, selection_ceiling(options))]
+    passes, steps = pricing.passes(trace.num_experts), []
+    for (step, first), keep in zip(trace.prompt_steps(), picks):
+        if first:
+            passes.begin()
+        steps.append(priced_step(step, keep, len(keep), draft_ms(step, keep), passes))
     return PolicyReplay(name, steps, {**summarise(steps), "bound": note})
+
+
+def cached_selection(trace: Trace, pricing: Pricing, draft_ms) -> list[tuple[int, ...]]:
+    """The nodes verified on each step by Dinkelbach's iteration where a pass's price depends on the
+    passes before it (misses of an offload cache): at each rate, each step in turn takes the prefix of
+    its accepted path of most tokens - rate x ms, priced on the cache its earlier steps left; the
+    rate is then that choice's, until it stops rising. Without a cache this is the exact ceiling of
+    `selection_ceiling`; with one, each step is greedy given the past, so it is a heuristic."""
+    def choose(rate: float | None) -> tuple[list[tuple[int, ...]], float]:
+        passes, picks, tokens, ms = pricing.passes(trace.num_experts), [], 0, 0.0
+        for step, first in trace.prompt_steps():
+            if first:
+                passes.begin()
+            options = path_prefix_options(step, lambda keep, step=step: draft_ms(step, keep) + passes.peek_ms(step, keep))
+            if rate is None:  # the whole accepted path, to start from
+                keep = options[-1][2]
+            else:
+                keep = max(options, key=lambda o: (o[0] - rate * o[1], -o[0]))[2]
+            picks.append(keep)
+            tokens += len(keep)
+            ms += draft_ms(step, keep) + passes.verify(step, keep)[0]
+        return picks, tokens / ms if ms > 0 else float("inf")
+
+    picks, current = choose(None)
+    while True:
+        better, new = choose(current)
+        if new <= current * (1 + 1e-12):
+            return picks
+        picks, current = better, new
 
 
 def measured_cost_error(trace: Trace, profile: Profile) -> dict:

@@ -33,7 +33,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -125,6 +125,19 @@ class Trace:
     @property
     def greedy(self) -> bool:
         return float(self.header.get("temperature", 0.0)) == 0.0
+
+    @property
+    def num_experts(self) -> int:
+        """Experts per MoE layer of the traced target (0: dense)."""
+        return self.steps[0].routing.num_experts if self.steps and self.steps[0].routing.layers else 0
+
+    def prompt_steps(self) -> Iterator[tuple[StepRecord, bool]]:
+        """(step, whether it is its prompt's first) for every step in order: a replay starts a new
+        `generate` call (and, offloaded, a cold cache) at each first step."""
+        prompt = None
+        for step in self.steps:
+            yield step, step.rows[0] != prompt
+            prompt = step.rows[0]
 
     def profile(self, override: str | Path | None = None) -> Profile:
         """The profile the benchmark used (copied beside the trace), or `override`; checked against the traced target."""

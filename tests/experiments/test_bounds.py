@@ -79,7 +79,8 @@ def test_the_sized_ceiling_is_the_best_path_prefix_with_each_prefix_charged_its_
     def unique(s, keep):
         return (len(set(s.experts()[0, list(keep)].flatten().tolist())),)
 
-    options = path_prefix_options(step, cost, lambda keep: sized_draft_ms(step, keep, 6.0, None), unique)
+    options = path_prefix_options(step, lambda keep: sized_draft_ms(step, keep, 6.0, None)
+                                  + cost.predict_ms(len(keep), unique(step, keep)))
     # prefix k: k+1 tokens; verify 4 + (k+1) + 0.5 * |experts of the prefix|; draft 2 ms per level drafted
     assert [o[1] for o in options] == pytest.approx([4 + 1 + 1.0, 2 + 4 + 2 + 1.5, 4 + 4 + 3 + 2.0, 6 + 4 + 4 + 2.0])  # experts {0,1} {0,1,2} {0,1,2,5} x2
     assert selection_ceiling([options]) == [3]  # 4 tokens / 16 ms beats 1 / 6, 2 / 9.5 and 3 / 13

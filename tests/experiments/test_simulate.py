@@ -10,7 +10,9 @@ import torch
 
 from moe_spec import LookupDrafter
 from moe_spec.cli.main import main
+from moe_spec.errors import InputError
 from moe_spec.profile.cost_model import CostModel, CostSample
+from moe_spec.profile.fetch_cost import FetchCost
 from moe_spec.loading import load_target
 from moe_spec.measure.latency import TimingConfig
 from moe_spec.measure.profiler import ProfileSettings, build_profile
@@ -328,3 +330,70 @@ def test_a_profile_json_gives_its_cost_model_alone(traced, capsys):
     assert main(["simulate", "--trace", str(folder / "traces" / "trace.jsonl"), "--cost-model",
                  str(folder / "three_layers.json")]) != 0
     assert "3 MoE layers, the traced target 2" in capsys.readouterr().err
+
+
+# fetching M experts of a layer: 1 ms for the first, 0.5 ms for each of the next three, 0.4 after
+FETCH = FetchCost(counts=(1, 4), ms=((1.0, 2.5), (1.0, 2.5)))
+
+
+def test_an_offloaded_replay_charges_each_policy_the_misses_of_its_own_passes(traced):
+    _, _, trace = traced
+    profile, cost = trace.profile(), replace(CostModel.from_dict(PRICED), fetch=FETCH)
+    fixed = ["ar", "static:1", "static:4", "eagle2"]
+    resident = simulate(trace, profile, cost, fixed)
+    offloaded = simulate(trace, profile, cost, fixed, resident=2)
+    for name in fixed:
+        r, o = resident[name], offloaded[name]
+        assert [s.keep for s in o.steps] == [s.keep for s in r.steps], f"{name} chooses without looking at the cache"
+        assert r.figures["misses_per_token"] is None and o.figures["misses_per_token"] > 0
+        # each pass pays its misses' fetch on top of its compute, never more than the union it loads
+        for step, s_r, s_o in zip(trace.steps, r.steps, o.steps):
+            assert 0 <= s_o.misses <= sum(s_o.unique_experts)
+            assert s_o.verify_ms >= s_r.verify_ms
+            assert (s_o.verify_ms > s_r.verify_ms) == (s_o.misses > 0)
+    # a larger tree loads a larger union: it misses more per pass than plain decoding
+    per_pass = {n: sum(s.misses for s in offloaded[n].steps) / len(trace.steps) for n in fixed}
+    assert per_pass["eagle2"] > per_pass["ar"]
+    # with room for every expert, a prompt misses each expert of each layer once at most (a cold
+    # cache at each prompt: the replay starts every prompt as bench starts every generation)
+    roomy = simulate(trace, profile, cost, ["eagle2"], resident=trace.num_experts)["eagle2"]
+    by_prompt: dict[int, int] = {}
+    for step, s in zip(trace.steps, roomy.steps):
+        by_prompt[step.rows[0]] = by_prompt.get(step.rows[0], 0) + s.misses
+    assert all(0 < misses <= 2 * trace.num_experts for misses in by_prompt.values())
+    assert roomy.figures["misses_per_token"] < offloaded["eagle2"].figures["misses_per_token"]
+
+
+def test_offloaded_moe_aware_reads_its_replayed_cache_and_buys_fewer_misses(traced):
+    _, _, trace = traced
+    profile = trace.profile()
+    dear = replace(CostModel.from_dict(PRICED), fetch=FetchCost(counts=(1, 4), ms=((40.0, 160.0), (40.0, 160.0))))
+    blind = simulate(trace, profile, replace(dear, fetch=None), ["ar", "moe-aware"])["moe-aware"]
+    priced = simulate(trace, profile, dear, ["ar", "moe-aware"], resident=2)
+    assert blind.figures["mean_tree_size"] > 0, "without fetches the sizing verifies drafts"
+    # each miss costs 40x a whole pass: the sizing buys no node whose experts are not resident
+    assert priced["moe-aware"].figures["mean_tree_size"] < blind.figures["mean_tree_size"]
+    assert priced["moe-aware"].figures["misses_per_token"] <= priced["ar"].figures["misses_per_token"] * 1.5
+    ceiling = priced[CEILING]
+    assert "offloaded" in ceiling.figures["bound"] and ceiling.figures["tokens_per_s"] >= priced["ar"].figures["tokens_per_s"]
+
+
+def test_resident_experts_need_a_fetch_cost_and_the_command_reports_misses(traced, capsys):
+    folder, _, trace = traced
+    with pytest.raises(InputError, match=r"resident experts \(2\) need a cost model with a fetch cost"):
+        simulate(trace, trace.profile(), CostModel.from_dict(PRICED), ["ar"], resident=2)
+    with pytest.raises(InputError, match="resident experts must be 1"):
+        simulate(trace, trace.profile(), replace(CostModel.from_dict(PRICED), fetch=FETCH), ["ar"],
+                 resident=trace.num_experts + 1)
+    priced = folder / "priced_fetch.json"
+    priced.write_text(json.dumps(replace(CostModel.from_dict(PRICED), fetch=FETCH).to_dict()))
+    argv = ["simulate", "--trace", str(folder / "traces" / "trace.jsonl"), "--cost-model", str(priced),
+            "--resident-experts", "2", "--methods", "ar,static:4,moe-aware", "--json", str(folder / "offload.json")]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "2 experts resident per layer (lru)" in out and "miss/tok" in out
+    report = json.loads((folder / "offload.json").read_text())
+    assert report["offload"]["resident_experts"] == 2
+    assert report["results"][0]["policies"]["static:4"]["misses_per_token"] > 0
+    assert main(["simulate", "--trace", str(folder / "traces" / "trace.jsonl"), "--resident-experts", "2"]) == 2
+    assert "need a cost model with a fetch cost" in capsys.readouterr().err
