@@ -155,8 +155,8 @@ def replay_step(step: StepRecord, controller: Controller, passes: PricedPasses, 
 
 def priced_step(step: StepRecord, keep: tuple[int, ...], tokens: int, draft_ms: float, passes: PricedPasses) -> ReplayedStep:
     """The pass of nodes `keep` on `step`, priced by `passes` (its misses admitted to its cache)."""
-    ms, misses = passes.verify(step, keep)
-    return ReplayedStep(keep, tokens, ms, draft_ms, unique_experts(step, keep), misses)
+    ms, misses, unique = passes.verify(step, keep)
+    return ReplayedStep(keep, tokens, ms, draft_ms, unique, misses)
 
 
 def draft_factor(draft_time: str, cost: CostModel, profiled: CostModel) -> float:

@@ -115,10 +115,12 @@ class PricedPasses:
         misses = self.cache.misses(needed) if self.cache is not None else None
         return self.cost.predict_ms(len(keep), [len(e) for e in needed], misses=misses)
 
-    def verify(self, step: StepRecord, keep: Sequence[int]) -> tuple[float, int | None]:
-        """What verifying `keep` costs (ms), its misses admitted into the cache, and how many experts
-        it fetched over all layers (None: every expert resident)."""
+    def verify(self, step: StepRecord, keep: Sequence[int]) -> tuple[float, int | None, tuple[int, ...]]:
+        """What verifying `keep` costs (ms), its misses admitted into the cache; how many experts it
+        fetched over all layers (None: every expert resident); and [L] the distinct experts each
+        layer loads."""
         needed = needed_experts(step, keep)
+        unique = tuple(len(e) for e in needed)
         misses = self.cache.visit(needed) if self.cache is not None else None
-        return (self.cost.predict_ms(len(keep), [len(e) for e in needed], misses=misses),
-                sum(misses) if misses is not None else None)
+        return (self.cost.predict_ms(len(keep), unique, misses=misses), sum(misses) if misses is not None else None,
+                unique)
