@@ -46,13 +46,17 @@ def main() -> None:
     parser.add_argument("--fixed", default=",".join(map(str, FIXED_ARMS)), help="the fixed budgets, in the order tried")
     parser.add_argument("--noise", type=float, default=0.08, help="relative spread of each step's ms (lognormal)")
     parser.add_argument("--seeds", type=int, default=20)
+    parser.add_argument("--request-prior-steps", default="none",
+                        help="arms judged at the request's difficulty, shrunk towards the run's by this many steps "
+                             "(none: at the run's, the default)")
     parser.add_argument("--sized-scale", type=float, default=1.0,
                         help="multiply the sizing's replayed ms by this (a replay flatters the sizing: it picks from "
                              "EAGLE-2's full tree; scale it to where a live run measures it against the fixed trees)")
     args = parser.parse_args()
     grid = list(itertools.product([float(x) for x in args.exploration.split(",")], [int(x) for x in args.window.split(",")],
                                   [int(x) for x in args.min_plays.split(",")],
-                                  [None if x == "none" else int(x) for x in args.horizon.split(",")]))
+                                  [None if x == "none" else int(x) for x in args.horizon.split(",")],
+                                  [None if x == "none" else float(x) for x in args.request_prior_steps.split(",")]))
     results = {}
     fixed = tuple(int(n) for n in args.fixed.split(","))
     for path in args.trace:
@@ -64,18 +68,21 @@ def main() -> None:
                                                            *((f"static:{n}", st) for n, st in sorted(arms["fixed"].items()))]))
         best = max([arms["sized"], arms["plain"], *arms["fixed"].values()], key=rate)
         print(f"{path}: {len(prompts)} steps; best arm in hindsight {rate(best):.1f} tok/s (replayed)")
-        print("exploration  window  min_plays  horizon  bound/best (mean over seeds)  min")
+        print("exploration  window  min_plays  horizon  request  bound/best (mean over seeds)  min")
         rows = []
-        for exploration, window, min_plays, horizon in grid:
+        for exploration, window, min_plays, horizon, request in grid:
             ratios = []
             for seed in range(args.seeds):
                 settings = BoundSettings(exploration=exploration, window=window, min_plays=min_plays,
-                                         horizon=horizon, fixed=fixed, noise=args.noise, seed=seed)
+                                         horizon=horizon, fixed=fixed, noise=args.noise, seed=seed,
+                                         request_prior_steps=request)
                 chosen, _ = replay_bound(prompts, arms["sized"], arms["fixed"], arms["plain"], settings)
                 ratios.append(rate(chosen) / rate(best))
             rows.append({"exploration": exploration, "window": window, "min_plays": min_plays, "horizon": horizon,
+                         "request_prior_steps": request,
                          "mean": round(statistics.mean(ratios), 4), "min": round(min(ratios), 4)})
-            print(f"{exploration:11.2f}  {window:6d}  {min_plays:9d}  {horizon!s:>7}  {rows[-1]['mean']:28.3f}  {rows[-1]['min']:.3f}")
+            print(f"{exploration:11.2f}  {window:6d}  {min_plays:9d}  {horizon!s:>7}  {request!s:>7}  {rows[-1]['mean']:28.3f}"
+                  f"  {rows[-1]['min']:.3f}")
         results[path] = rows
     print(json.dumps({"command": "bound_sweep", "simulation": True, "noise": args.noise, "seeds": args.seeds,
                       "sized_scale": args.sized_scale, "results": results}))

@@ -27,6 +27,7 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
+from moe_spec.policy.arm_windows import RequestDifficulty
 from moe_spec.policy.bounded_controller import FIXED_ARMS, PLAIN, SETTLE_STEPS, SIZED
 from moe_spec.policy.budget_bandit import EXPLORATION, HORIZON, MIN_PLAYS, WINDOW, BudgetBandit, RegimeKey
 
@@ -46,6 +47,8 @@ class BoundSettings:
     noise: float = 0.0  # relative spread of the lognormal factor on each step's ms
     seed: int = 0
     priors: tuple[tuple[str, float], ...] = ()  # (arm, rate) the profile measured: the bandit's prior, as live
+    # arms judged at the request's difficulty, shrunk towards the run's by this many steps (None: the run's)
+    request_prior_steps: float | None = None
 
 
 def replay_bound(prompts: Sequence[int], sized: Sequence, fixed: dict[int, Sequence], plain: Sequence,
@@ -67,12 +70,15 @@ def replay_bound(prompts: Sequence[int], sized: Sequence, fixed: dict[int, Seque
     chosen: list = []
     decisions: Counter = Counter()
     prompt, steps_in_prompt = None, 0
+    difficulty = RequestDifficulty(settings.request_prior_steps) if settings.request_prior_steps else None
     following = bandit.choose(key)
     for index, request in enumerate(prompts):
         if request != prompt:
             prompt, steps_in_prompt = request, 0
+            if difficulty is not None:
+                difficulty.reset()
         # as live, the next step's arm is chosen when this step is planned, before it is judged
-        arm, following = following, bandit.choose(key)
+        arm, following = following, bandit.choose(key, difficulty=difficulty)
         outcome = arms[arm][index]
         if settings.noise > 0:
             factor = math.exp(jitter.gauss(0.0, settings.noise))
@@ -80,11 +86,13 @@ def replay_bound(prompts: Sequence[int], sized: Sequence, fixed: dict[int, Seque
         chosen.append(outcome)
         decisions[arm] += 1
         steps_in_prompt += 1
+        # as live, a step that drafts tells its difficulty: what its best node alone makes
+        reference = float(fixed[1][index].tokens) if 1 in fixed and arm != PLAIN else None
+        if difficulty is not None and reference is not None:
+            difficulty.add(reference)
         if steps_in_prompt > settings.settle_steps:
             played = nodes.get(arm, 0)
             credits = {PLAIN: 1.0, **{name: float(arms[name][index].tokens) for name, n in nodes.items() if n < played}}
-            # as live, a step that drafts tells its difficulty: what its best node alone makes
-            reference = float(fixed[1][index].tokens) if 1 in fixed and arm != PLAIN else None
             bandit.record(key, arm, float(outcome.tokens), outcome.verify_ms + outcome.draft_ms, credits=credits,
                           reference=reference)
     return chosen, decisions

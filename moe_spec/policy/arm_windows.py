@@ -46,6 +46,32 @@ class RunningWindow:
         return self._sum / len(self.values)
 
 
+class RequestDifficulty:
+    """The difficulty of the request decoding now: the mean reference of its steps so far, shrunk
+    towards the run's by `prior_steps` steps of it (a request's first few steps tell little of it)."""
+
+    def __init__(self, prior_steps: float):
+        if not prior_steps > 0:
+            raise ValueError(f"prior_steps must be a positive number of steps, got {prior_steps}")
+        self.prior_steps = prior_steps
+        self._sum = 0.0
+        self._count = 0
+
+    def reset(self) -> None:
+        """A new request begins."""
+        self._sum, self._count = 0.0, 0
+
+    def add(self, reference: float) -> None:
+        self._sum += reference
+        self._count += 1
+
+    def at(self, run: float | None) -> float | None:
+        """The request's difficulty given the run's (None: the run has none, nor has the request)."""
+        if run is None:
+            return None
+        return (self._sum + self.prior_steps * run) / (self._count + self.prior_steps)
+
+
 class PairedWindow:
     """The last `size` steps one arm decided, as (tokens, ms) pairs, with running sums (or of the
     steps that told its tokens, as (tokens, reference) pairs: `ArmWindow.referenced`)."""

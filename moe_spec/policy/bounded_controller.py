@@ -42,6 +42,7 @@ from moe_spec.core.drafting import EAGLE2_BUDGET, NO_DRAFT, TreeBudget
 from moe_spec.core.forest import StepForest
 from moe_spec.core.sampling import GREEDY, SamplingConfig
 from moe_spec.core.step_record import StepRecord
+from moe_spec.policy.arm_windows import RequestDifficulty
 from moe_spec.policy.budget_bandit import BudgetBandit, RegimeKey
 from moe_spec.policy.fewer_nodes import tokens_by_budget
 from moe_spec.policy.moe_aware import MoeAwareController
@@ -97,7 +98,8 @@ class BoundedController:
     the steps each arm decided."""
 
     def __init__(self, sizing: MoeAwareController, fixed: tuple[int, ...] = FIXED_ARMS,
-                 bandit: BudgetBandit | None = None, adjust: bool = True, tilt: bool = False):
+                 bandit: BudgetBandit | None = None, adjust: bool = True, tilt: bool = False,
+                 request_prior_steps: float | None = None):
         if sizing.settings.gate:
             raise ValueError("the sizing's own gate must be off: the bandit's plain arm decides plain steps")
         self.sizing = sizing
@@ -123,12 +125,16 @@ class BoundedController:
         self.decisions: Counter = Counter()  # arm -> steps it decided, over the controller's life
         self.settle_steps = SETTLE_STEPS
         self._pending: _Pending | None = None  # the last judged step, until the next one starts
+        # the request's difficulty, which the arms are judged at (None: the run's)
+        self._difficulty = RequestDifficulty(request_prior_steps) if request_prior_steps else None
 
     def begin(self, default: TreeBudget, sampling: SamplingConfig = GREEDY) -> TreeBudget:
         self._settle()  # the last request's last step: no step of it follows
         self._sampling = sampling
         self._rows = 1
         self._steps = 0
+        if self._difficulty is not None:
+            self._difficulty.reset()
         sized = self.sizing.begin(default, sampling)
         # every fixed budget resolves the request's candidate scheme alike: one of them tells it
         sampled = next(iter(self._shapes[False].values())).begin(default, sampling).sampled
@@ -166,8 +172,12 @@ class BoundedController:
         # a request's first steps pay its cold start whichever arm decides them (offloaded experts
         # not yet resident, a short prefix): judged, they made the arm that happened to open each
         # request look worst and the choice rotate among the fixed budgets
-        if self._steps > self.settle_steps:
+        settled = self._steps > self.settle_steps
+        if settled or self._difficulty is not None:
             tokens, credits, reference = self._told(record)
+            if self._difficulty is not None and reference is not None:
+                self._difficulty.add(reference)  # a settling step tells the request's difficulty too
+        if settled:
             key = self._key(record.verified.rows)
             if record.started is None:  # an untimed step (a loop other than the engine's): its own time
                 self.bandit.record(key, self._arm, tokens, record.step_ms, credits=credits, reference=reference)
@@ -214,7 +224,8 @@ class BoundedController:
         return (SIZED, *self._static, PLAIN)
 
     def _choose(self, in_flight: tuple[str, ...] = ()) -> str:
-        return self.bandit.choose(self._key(self._rows), allowed=self.allowed_arms, in_flight=in_flight)
+        return self.bandit.choose(self._key(self._rows), allowed=self.allowed_arms, in_flight=in_flight,
+                                  difficulty=self._difficulty)
 
     def _key(self, rows: int) -> RegimeKey:
         return RegimeKey.of(self._sampling, rows)

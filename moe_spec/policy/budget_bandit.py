@@ -80,7 +80,7 @@ from __future__ import annotations
 import math
 from typing import NamedTuple
 
-from moe_spec.policy.arm_windows import ArmWindow, RunningWindow
+from moe_spec.policy.arm_windows import ArmWindow, RequestDifficulty, RunningWindow
 
 
 # the defaults. A horizon of 128 steps (with a window of 64) took the bound from 0.83 to 0.93 of
@@ -172,13 +172,15 @@ class BudgetBandit:
             self._windows[key] = {arm: ArmWindow(self.window) for arm in self.arms}
         return self._windows[key]
 
-    def choose(self, key: RegimeKey, allowed: tuple[str, ...] | None = None, in_flight: tuple[str, ...] = ()) -> str:
+    def choose(self, key: RegimeKey, allowed: tuple[str, ...] | None = None, in_flight: tuple[str, ...] = (),
+               difficulty: RequestDifficulty | None = None) -> str:
         """The arm to decide the next step: the first (in `arms` order) without a prior and with no
         play yet or fewer than `min_plays` steps that told its tokens, else, where one step outweighs
         a prior, the unplayed arm of best prior, else the highest upper confidence bound; `allowed`
         restricts the choice (None: every arm; it must leave one). `in_flight`: the arms of steps
         decided but not recorded yet (a caller that records a step once the next one has begun),
-        each a play and a told step to the rules that try arms, so that none is tried twice over."""
+        each a play and a told step to the rules that try arms, so that none is tried twice over.
+        `difficulty`: the request's, which the arms' rates are then judged at (None: the regime's)."""
         windows = self.windows(key)
         candidates = [arm for arm in self.arms if allowed is None or arm in allowed]
         if not candidates:
@@ -206,6 +208,8 @@ class BudgetBandit:
         tokens_part = ratio_spread ** 2 - ms_spread ** 2  # the part of the error that credits shrink
         log_term = math.log(max(total, 2))
         reference = self.reference(key)
+        if difficulty is not None:
+            reference = difficulty.at(reference)
         rates = {arm: windows[arm].rate_at(reference) for arm in candidates if windows[arm].plays}
         scaled = self._scaled_prior(prior, self.prior_tokens_of(key), rates, windows, ratio_spread)
         prior_weight = (ratio_spread / self.prior_error) ** 2  # steps of the run's spread: the prior's error

@@ -74,8 +74,11 @@ def _static(budget: TreeBudget, profile: ProfileSource, scheme: CandidateScheme)
     return StaticController(budget, scheme, profile)
 
 
+REQUEST_PRIOR_STEPS = 16.0  # the run's difficulty weighs as this many of the request's steps
+
+
 def _moe_aware(price_experts: bool = True, price_residency: bool = True, bounded: bool = True,
-               adjust: bool = True, tilt: bool = False):
+               adjust: bool = True, tilt: bool = False, request_prior_steps: float | None = None):
     """The controller of `moe-aware` and its ablations: the cost model's sizing, bounded by fixed
     budgets (`BoundedController`) in a real run; alone, with its own gate, in a replay (no
     measured throughput to choose by) or unbounded (`bounded=False`); `adjust=False`: the bound's
@@ -88,7 +91,8 @@ def _moe_aware(price_experts: bool = True, price_residency: bool = True, bounded
         sizing = MoeAwareController(profile(), price_experts=price_experts, adapt=adapt, scheme=scheme,
                                     residency=residency, price_residency=price_residency, gate=not bound,
                                     persist=bound)
-        return BoundedController(sizing, adjust=adjust, tilt=tilt) if bound else sizing
+        return BoundedController(sizing, adjust=adjust, tilt=tilt,
+                                 request_prior_steps=request_prior_steps) if bound else sizing
     return build
 
 
@@ -112,6 +116,8 @@ METHODS: dict[str, Policy] = {
     "moe-aware-unadjusted": Policy(True, _moe_aware(adjust=False)),
     # the bound whose prior's scale tilts with the arms' tokens a step (`BudgetBandit.prior_tokens`)
     "moe-aware-tilted": Policy(True, _moe_aware(tilt=True)),
+    # the bound judging its arms at the request's difficulty (`RequestDifficulty`), not the run's
+    "moe-aware-request": Policy(True, _moe_aware(request_prior_steps=REQUEST_PRIOR_STEPS)),
 }
 
 AR = "ar"

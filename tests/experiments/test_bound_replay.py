@@ -87,3 +87,26 @@ def test_a_measured_prior_spares_the_replayed_bound_its_exploration():
     chosen, with_prior = replay_bound(prompts, sized, fixed, plain, BoundSettings(priors=prior))
     assert with_prior[SIZED] + with_prior[PLAIN] < without[SIZED] + without[PLAIN]
     assert rate(chosen) >= 0.97 * max(rate(steps) for steps in fixed.values())
+
+
+def test_judged_at_the_requests_difficulty_the_bound_decodes_hard_requests_plainly():
+    """Requests alternate: easy ones accept a deep tree's drafts (static:6 best), hard ones accept
+    none (plain decoding best). At the run's difficulty one arm serves both; at each request's, the
+    hard requests go plain."""
+    rng = random.Random(3)
+    prompts = [i // 40 for i in range(STEPS)]
+    depth = [min(6, sum(1 for _ in iter(lambda: rng.random() < 0.85, False))) if prompts[i] % 2 == 0 else 0
+             for i in range(STEPS)]
+    fixed = {n: [ReplayedStep((0,), 1 + min(n, d), 10.0 + 1.5 * n, 0.0, (4,)) for d in depth] for n in FIXED_ARMS}
+    sized = [ReplayedStep((0,), 1 + min(6, d), 20.0, 0.0, (4,)) for d in depth]
+    plain = outcomes(lambda rng: 1, 10.0, seed=2)
+    hard = [i for i in range(STEPS) if prompts[i] % 2 and i % 40 >= 8]  # past each hard request's first steps
+
+    def plain_share_on_hard(settings: BoundSettings) -> float:
+        chosen, _ = replay_bound(prompts, sized, fixed, plain, settings)
+        return sum(chosen[i] is plain[i] for i in hard) / len(hard), rate(chosen)
+
+    (run_plain, run_rate), (request_plain, request_rate) = (
+        plain_share_on_hard(BoundSettings(request_prior_steps=steps)) for steps in (None, 4.0))
+    assert request_plain > run_plain + 0.2
+    assert request_rate > run_rate
