@@ -237,6 +237,8 @@ def simulate(trace: Trace, profile: Profile, cost: CostModel, policies: Sequence
     """Policy name -> its replay of every traced step under `cost`, then the bounds (`BOUNDS`, those
     whose policy was asked for; see module docstring). With `resident` experts per layer, experts
     are offloaded behind a cache of that size (`replay_cache`)."""
+    if resident is not None and cost.fetch is not None:  # the overflow beyond the slots, at the replayed cache's size
+        cost = replace(cost, fetch=cost.fetch.at_capacity(resident))
     simulated = replace(profile, cost_model=cost)
     pricing = Pricing(cost, resident, eviction)
     factor = draft_factor(draft_time, cost, profile.cost_model)

@@ -6,15 +6,18 @@
    into temporary slots) at a grid of M: the measured curve m_l(M) (`profile/fetch_cost.py`).
 2. Decode the prompts through the offloaded target with static trees of several sizes, each prompt
    from a cold cache, and record every verify pass (tokens T, unique experts U_l, misses M_l, time).
-3. The fixed cost `base` is refitted on the passes of the even-numbered prompts, every other term
-   kept as measured (b and c with the experts resident, m_l from the store): what offloading adds per
-   pass (the slot bookkeeping of every MoE layer) and what the decoding contexts add over the
-   profiler's short prefix. Refitting b or c as well would let them soak up the fetch time (misses
-   grow with U and T), pricing resident experts as if they were read. The profile keeps this,
-   t = base' + b*T + sum_l (c U_l + m_l(M_l)).
+3. The fixed cost `base` and the overflow cost o are refitted on the passes of the even-numbered
+   prompts, every other term kept as measured (b and c with the experts resident, m_l from the
+   store): base, what offloading adds per pass (the slot bookkeeping of every MoE layer) and what the
+   decoding contexts add over the profiler's short prefix; o, what each expert a layer needs beyond
+   its C resident slots adds (streamed through scratch slots a chunk at a time: m_l's one parallel
+   read underprices it, by half on passes of 30-60 ms on the embedded pair). Refitting b or c as well
+   would let them soak up the fetch time (misses grow with U and T), pricing resident experts as if
+   they were read. The profile keeps this,
+   t = base' + b*T + sum_l (c U_l + m_l(M_l) + o max(U_l - C, 0)).
 4. The check, on the odd-numbered prompts' passes (held out from both fits): the relative error of
-   the refit model, of the resident profile's compute terms with the fetch term, and of compute
-   alone.
+   the refit model, of it without the overflow term, of the resident profile's compute terms with
+   the fetch term, and of compute alone.
 """
 
 from __future__ import annotations
@@ -55,7 +58,7 @@ def fetch_stage(target, drafter, prompts: list[torch.Tensor], profile, budgets: 
                 max_new_tokens: int = 24, repeats: int = 5, progress=None):
     """`profile` with the offloaded target's measured fetch cost and its held-out check in `details`."""
     offload = target.offload
-    fetch = offload.measure_fetch_cost(repeats=repeats)
+    fetch = offload.measure_fetch_cost(repeats=repeats).at_capacity(offload.capacity)
     cost = replace(profile.cost_model, fetch=fetch)
     recorder = _PassRecorder()
     runs = [(nodes, i, ids) for nodes in (budgets if drafter is not None else (0,)) for i, ids in enumerate(prompts)]
@@ -70,6 +73,8 @@ def fetch_stage(target, drafter, prompts: list[torch.Tensor], profile, budgets: 
     if held_out.any() and (~held_out).any():
         tokens, unique, misses, rows, ms = (np.array(column, dtype=np.float64) for column in zip(*recorder.passes))
         refit = _refit_compute(cost, tokens[~held_out], unique[~held_out], misses[~held_out], ms[~held_out])
+        no_overflow = _refit_compute(cost, tokens[~held_out], unique[~held_out], misses[~held_out], ms[~held_out],
+                                     overflow=False)
 
         def predicted(model, with_misses: bool) -> np.ndarray:
             return np.array([model.predict_ms(t, u, int(r), misses=m if with_misses else None)
@@ -80,8 +85,11 @@ def fetch_stage(target, drafter, prompts: list[torch.Tensor], profile, budgets: 
             "passes": len(recorder.passes), "fit_passes": int((~held_out).sum()), "heldout_passes": int(held_out.sum()),
             "mean_misses_per_pass": float(misses.sum(1).mean()),
             "refit_compute": {"base_ms": refit.base_ms, "resident_base_ms": cost.base_ms,
-                              "per_token_ms": refit.per_token_ms, "per_expert_ms": list(refit.per_expert_ms)},
+                              "per_token_ms": refit.per_token_ms, "per_expert_ms": list(refit.per_expert_ms),
+                              "overflow_ms": refit.fetch.overflow_ms, "capacity": refit.fetch.capacity},
+            "mean_overflow_per_pass": float(np.mean([fetch.overflow(u).sum() for u in unique])),
             "error_refit_with_fetch_term": _errors(predicted(refit, True), measured),
+            "error_refit_without_overflow_term": _errors(predicted(no_overflow, True), measured),
             "error_resident_compute_with_fetch_term": _errors(predicted(cost, True), measured),
             "error_compute_only": _errors(predicted(cost, False), measured),
             "share_of_time_in_fetch": float(np.mean([fetch.total_ms(m) / t for m, t in zip(misses, ms)])),
@@ -91,10 +99,36 @@ def fetch_stage(target, drafter, prompts: list[torch.Tensor], profile, budgets: 
     return replace(profile, cost_model=cost, details={**profile.details, "fetch_cost_report": report})
 
 
-def _refit_compute(cost: CostModel, tokens, unique, misses, ms) -> CostModel:
-    """`cost` with base_ms refitted (least squares in relative error) to what the passes took beyond its
-    other terms (weighted least squares in closed form: sum(r / ms^2) / sum(1 / ms^2), r the residuals)."""
+def _refit_compute(cost: CostModel, tokens, unique, misses, ms, overflow: bool = True) -> CostModel:
+    """`cost` with base_ms and (`overflow`) its fetch cost's overflow_ms refitted to what the passes
+    took beyond its other terms: least squares in relative error, both >= 0 (`_fit_base_and_slope`)."""
+    fetch = replace(cost.fetch, overflow_ms=0.0)
+    cost = replace(cost, fetch=fetch)
     others = np.array([cost.predict_ms(t, u, misses=m) - cost.base_ms for t, u, m in zip(tokens, unique, misses)])
-    residual = ms - others  # [P] ms the fixed cost must explain
-    base = float(max((residual / ms**2).sum() / (1.0 / ms**2).sum(), 0.0))
-    return replace(cost, base_ms=base, source="measured; base refit on offloaded passes; fetch cost measured")
+    residual = ms - others  # [P] ms the fixed cost and the overflow must explain
+    beyond = np.array([fetch.overflow(u).sum() for u in unique]) if overflow else np.zeros_like(ms)  # [P]
+    base, per_overflow = _fit_base_and_slope(residual, beyond, ms)
+    return replace(cost, base_ms=base, fetch=replace(fetch, overflow_ms=per_overflow),
+                   source="measured; base and overflow refit on offloaded passes; fetch cost measured")
+
+
+def _fit_base_and_slope(residual: np.ndarray, x: np.ndarray, ms: np.ndarray) -> tuple[float, float]:
+    """(a, b) >= 0 minimising sum(((residual - a - b x) / ms)^2): weighted least squares in closed
+    form, with a bound at 0 refitted with the other term alone."""
+    w = 1.0 / ms**2
+    def alone_a() -> float:
+        return float(max((w * residual).sum() / w.sum(), 0.0))
+
+    def alone_b() -> float:
+        denominator = (w * x * x).sum()
+        return float(max((w * x * residual).sum() / denominator, 0.0)) if denominator > 0 else 0.0
+
+    if not (w * x * x).sum():
+        return alone_a(), 0.0
+    matrix = np.array([[w.sum(), (w * x).sum()], [(w * x).sum(), (w * x * x).sum()]])
+    a, b = np.linalg.lstsq(matrix, np.array([(w * residual).sum(), (w * x * residual).sum()]), rcond=None)[0]
+    if b < 0:
+        return alone_a(), 0.0
+    if a < 0:
+        return 0.0, alone_b()
+    return float(a), float(b)

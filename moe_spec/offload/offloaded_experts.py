@@ -170,6 +170,12 @@ class ExpertOffload:
         self.scratch_bytes = len(experts) * scratch * store.layout.payload_bytes  # streaming slots beside it
 
     # ---- what the rest of moe_spec reads -------------------------------------------------------
+    @property
+    def capacity(self) -> int | None:
+        """Resident slots per MoE layer, beyond which a pass streams its experts through scratch
+        slots (None: whole-layer fetching, where every pass reads every expert)."""
+        return None if self.config.cache == "whole-layer" else self.config.resident
+
     def residency(self) -> torch.Tensor:
         """[L, E] bool: the experts of each MoE layer in fast memory now (exact, read at decision time)."""
         return torch.from_numpy(np.stack([cache.resident for cache in self.caches]))

@@ -236,7 +236,7 @@ class MoeAwareController(ProfiledController):
             fetch_ms = 0.0
             fetch = self.profile.cost_model.fetch
             if record.fetch is not None and fetch is not None and self._prices_fetches():  # measured on the store: not scaled
-                fetch_ms = fetch.total_ms(record.fetch.per_layer_misses)
+                fetch_ms = fetch.total_ms(record.fetch.per_layer_misses, record.routing.unique_per_layer())
             self.cost_correction.update(compute_ms, record.verify_ms - fetch_ms, rows=record.verified.rows)
         if self.adapt and record.speculated:
             if self._chain is not None and drawn(record.verified):

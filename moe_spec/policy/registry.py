@@ -78,14 +78,18 @@ REQUEST_PRIOR_STEPS = 16.0  # the run's difficulty weighs as this many of the re
 
 
 def _moe_aware(price_experts: bool = True, price_residency: bool = True, bounded: bool = True,
-               adjust: bool = True, tilt: bool = False, request_prior_steps: float | None = None):
+               adjust: bool = True, tilt: bool = False, request_prior_steps: float | None = None,
+               price_overflow: bool = True):
     """The controller of `moe-aware` and its ablations: the cost model's sizing, bounded by fixed
     budgets (`BoundedController`) in a real run; alone, with its own gate, in a replay (no
     measured throughput to choose by) or unbounded (`bounded=False`); `adjust=False`: the bound's
     bandit judges each arm on the steps it was told, not at the run's difficulty; `tilt=True`: its
-    prior's scale tilts with the arms' tokens a step."""
+    prior's scale tilts with the arms' tokens a step; `price_overflow=False`: offloaded, the experts
+    beyond the resident slots are priced as plain misses (`FetchCost.overflow_ms` left out)."""
     def build(arg, profile: ProfileSource, adapt: bool, scheme: CandidateScheme, residency=None) -> Controller:
         bound = bounded and adapt
+        if not price_overflow:
+            profile = _without_overflow(profile)
         # bounded, the sizing keeps what it learnt across requests, as the bandit does: it decides
         # few steps of each, and started afresh each time it was judged by its warm-up trees
         sizing = MoeAwareController(profile(), price_experts=price_experts, adapt=adapt, scheme=scheme,
@@ -94,6 +98,15 @@ def _moe_aware(price_experts: bool = True, price_residency: bool = True, bounded
         return BoundedController(sizing, adjust=adjust, tilt=tilt,
                                  request_prior_steps=request_prior_steps) if bound else sizing
     return build
+
+
+def _without_overflow(profile: ProfileSource) -> ProfileSource:
+    def source():
+        loaded = profile()
+        fetch = loaded.cost_model.fetch
+        return loaded if fetch is None else replace(loaded, cost_model=replace(loaded.cost_model,
+                                                                               fetch=replace(fetch, overflow_ms=0.0)))
+    return source
 
 
 METHODS: dict[str, Policy] = {
@@ -110,6 +123,8 @@ METHODS: dict[str, Policy] = {
     # experts priced by their compute alone, not by whether they are resident
     "moe-aware-noexperts": Policy(True, _moe_aware(price_experts=False)),
     "moe-aware-noresidency": Policy(True, _moe_aware(price_residency=False)),
+    # offloaded: the experts a pass needs beyond the resident slots priced as plain misses
+    "moe-aware-nooverflow": Policy(True, _moe_aware(price_overflow=False)),
     # the sizing alone, with its own pause-and-probe gate: what the bound over fixed budgets adds
     "moe-aware-unbounded": Policy(True, _moe_aware(bounded=False)),
     # the bound without its difficulty adjustment (`BudgetBandit(adjust=False)`)
@@ -260,6 +275,10 @@ class MethodContext:
                 # offloaded experts priced by this machine's measured fetch cost (about a second to measure)
                 profile = replace(profile, cost_model=replace(profile.cost_model, fetch=offload.measure_fetch_cost()))
                 self.profile_source = (self.profile_source or "profile") + " + fetch cost measured now"
+            if offload is not None and profile.cost_model.fetch is not None:
+                # the overflow beyond the resident slots is priced at this run's cache size
+                fetch = profile.cost_model.fetch.at_capacity(offload.capacity)
+                profile = replace(profile, cost_model=replace(profile.cost_model, fetch=fetch))
             self._profile = profile
         return self._profile
 

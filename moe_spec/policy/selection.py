@@ -38,6 +38,8 @@ its fetch. The pass's roots alone already miss M0_l = sum_e (1 - r_{l,e}) P(a ro
 per layer, so each further missing expert is priced at the fetch cost's mean slope over the next K
 misses after M0_l (K: experts per token), and resident experts at their compute cost alone: a node
 whose experts are all resident is nearly free, one that touches cold experts pays for every read.
+Once a layer's expected distinct experts fill its C resident slots, every further expert is streamed
+through scratch slots and costs the fetch cost's overflow price o more (`FetchCost.overflow_ms`).
 """
 
 from __future__ import annotations
@@ -123,12 +125,24 @@ class _ExpertPrices:
         self.miss = np.prod([1.0 - r[:, 0] for r in self.row_probs], axis=0).reshape(-1)  # [L*E]: no chosen node loads it yet
         self.shape = (num_layers, num_experts)
         self.cold = None  # [L*E] 1.0 where the expert is not resident (offloaded experts, residency priced)
+        self.overflow_ms, self.capacity = 0.0, None  # o and C: each expert beyond a layer's slots costs o more
         if residency is not None and cost.fetch is not None:
             self.cold = (~residency.reshape(-1).numpy()).astype(np.float64)
             per_token = max(1, round(float(self.row_probs[0][:, 0].sum(-1).mean())))  # K experts a token loads
             price = cost.fetch.miss_price(self.expected_misses(), added=per_token)  # [L] ms per further miss
             self.per_expert = self.per_expert + self.cold * np.repeat(price, num_experts)
+            if cost.fetch.capacity is not None and cost.fetch.overflow_ms > 0:
+                self.overflow_ms, self.capacity = cost.fetch.overflow_ms, cost.fetch.capacity
+        self.within_slots = self.per_expert  # [L*E] ms per new expert while its layer's slots hold the pass
+        if self.overflow_ms:
+            self._price_overflow()
         self.node_ms = (self.miss * self.per_expert) @ self.by_expert  # [N]
+
+    def _price_overflow(self) -> None:
+        """Every new expert of a layer whose expected experts fill its C slots costs o more (one more
+        expert streamed through the scratch slots), ramping in over the last expert before C."""
+        full = np.clip(self.expected_unique() - self.capacity + 1.0, 0.0, 1.0)  # [L]
+        self.per_expert = self.within_slots + np.repeat(self.overflow_ms * full, self.shape[1])
 
     def expected_unique(self) -> np.ndarray:
         """[L] expected distinct experts the chosen nodes (the roots at first) load."""
@@ -145,6 +159,8 @@ class _ExpertPrices:
         every node's price is recomputed in place (one [L*E] x [L*E, N] product costs less than
         updating only the touched entries)."""
         self.miss *= 1.0 - self.by_expert[:, node]  # by_expert[:, node]: P(node loads expert e of layer l)
+        if self.overflow_ms:
+            self._price_overflow()
         np.matmul(self.miss * self.per_expert, self.by_expert, out=self.node_ms)
 
 

@@ -94,11 +94,11 @@ class CostModel:
                    misses: Sequence[float] | None = None) -> float:
         """Verify time in ms for one pass of `rows` rows, T tokens in all, activating U[l] distinct
         experts in each MoE layer (the union over the rows), M[l] of which must be fetched (`misses`;
-        priced only when the model has a `fetch` cost)."""
+        priced only when the model has a `fetch` cost, with the experts beyond its resident capacity)."""
         unique = np.asarray(torch.as_tensor(unique_experts_per_layer, dtype=torch.float64).cpu(), dtype=np.float64)
         if unique.shape != (self.num_layers,):
             raise ValueError(f"expected {self.num_layers} unique-expert counts, got shape {unique.shape}")
-        fetch = self.fetch.total_ms(misses) if self.fetch is not None and misses is not None else 0.0
+        fetch = self.fetch.total_ms(misses, unique) if self.fetch is not None and misses is not None else 0.0
         return float(self.fixed_ms(rows) + self.per_token_ms * num_tokens + (self.expert_weights() * unique).sum()
                      + fetch)
 
@@ -114,7 +114,7 @@ class CostModel:
     def to_dict(self) -> dict:
         return {
             "formula": "ms = base_ms + per_row_ms * (B - 1) + per_token_ms * T + sum_l per_expert_ms[l] * U[l]"
-                       + (" + sum_l m_l(M[l])" if self.fetch is not None else ""),
+                       + (" + sum_l m_l(M[l]) + overflow_ms * max(U[l] - capacity, 0)" if self.fetch is not None else ""),
             "base_ms": self.base_ms,
             "per_row_ms": self.per_row_ms,
             "per_token_ms": self.per_token_ms,

@@ -137,7 +137,8 @@ def test_registry_builds_controllers_with_the_published_budgets():
     assert (chain.max_nodes, chain.max_depth, chain.branching) == (3, 3, 1)
     assert expand_methods(["ar", "static-best", "static:8"]) == ["ar", *[f"static:{n}" for n in STATIC_GRID]]
     assert set(METHODS) == {"ar", "eagle2", "static", "chain", "truncate", "moe-aware", "moe-aware-noexperts", "moe-aware-noresidency",
-                            "moe-aware-unbounded", "moe-aware-unadjusted", "moe-aware-tilted"}
+                            "moe-aware-unbounded", "moe-aware-unadjusted", "moe-aware-tilted", "moe-aware-request",
+                            "moe-aware-nooverflow"}
 
 
 def test_method_order_rotates_per_prompt():

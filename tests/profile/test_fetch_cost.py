@@ -79,3 +79,48 @@ def test_cold_experts_make_speculation_not_pay_where_warm_ones_do():
     cold_ms = subset_verify_ms(cost, [0, 1], prices.expert_probs, residency=cold)
     warm_ms = subset_verify_ms(cost, [0, 1], prices.expert_probs, residency=warm)
     assert cold_ms - warm_ms == pytest.approx(2 * 1.8)
+
+
+def test_experts_beyond_the_resident_slots_cost_the_overflow_price_at_the_runs_capacity():
+    fetch = FetchCost((1, 2, 4, 8), FETCH.ms, overflow_ms=0.7, capacity=4)
+    np.testing.assert_allclose(fetch.overflow([3, 6.5]), [0.0, 2.5])
+    assert fetch.total_ms([2, 4], unique=[3, 6.5]) == pytest.approx(1.5 + 5.0 + 0.7 * 2.5)
+    assert fetch.total_ms([2, 4]) == pytest.approx(1.5 + 5.0), "without the pass's experts: misses alone"
+    assert fetch.at_capacity(8).total_ms([2, 4], unique=[3, 6.5]) == pytest.approx(6.5), "a larger cache: none beyond"
+    unpriced = FetchCost((1, 2, 4, 8), FETCH.ms, overflow_ms=0.7)
+    assert unpriced.total_ms([2, 4], unique=[3, 6.5]) == pytest.approx(6.5), "no capacity: no overflow priced"
+    cost = CostModel(base_ms=10.0, per_token_ms=1.0, per_expert_ms=(0.5,), num_layers=2, fetch=fetch)
+    assert cost.predict_ms(3, [3, 6], misses=[2, 4]) == pytest.approx(10 + 3 + 0.5 * 9 + 1.5 + 5.0 + 0.7 * 2)
+    assert CostModel.from_dict(cost.to_dict()) == cost
+    assert FetchCost.from_dict(FETCH.to_dict()) == FETCH, "a profile from before the overflow term prices none"
+    with pytest.raises(ValueError, match="overflow"):
+        FetchCost((1,), ((1.0,), (1.0,)), overflow_ms=-1.0)
+    with pytest.raises(ValueError, match="capacity"):
+        FetchCost((1,), ((1.0,), (1.0,)), capacity=-1)
+
+
+def _wide_tree_case(overflow_ms: float):
+    """A root loading experts 0-1 and four children, each loading two cold experts of its own, in a
+    cache of 4 slots a layer: the first child fills the slots, every further child's experts overflow."""
+    tree = DraftTree.from_lists([5, 6, 7, 8, 9], [-1, 0, 0, 0, 0])
+    probs = torch.zeros(2, 5, 12, dtype=torch.float64)  # [L, N, E]
+    probs[:, 0, [0, 1]] = 1.0
+    for child in range(1, 5):
+        probs[:, child, [2 * child, 2 * child + 1]] = 1.0
+    values = torch.tensor([1.0, 0.3, 0.3, 0.3, 0.3], dtype=torch.float64)
+    fetch = FetchCost((1, 2, 4, 8), ((0.4, 0.6, 1.0, 1.8),) * 2, overflow_ms=overflow_ms, capacity=4)
+    cost = CostModel(base_ms=5.0, per_token_ms=0.2, per_expert_ms=(0.05,), num_layers=2, fetch=fetch)
+    residency = torch.zeros(2, 12, dtype=torch.bool)
+    residency[:, [0, 1]] = True
+    return tree, StepPrices(values, probs), cost, residency
+
+
+def test_the_growth_prices_experts_beyond_the_slots_and_verifies_fewer_nodes_for_it():
+    tree, prices, plain, residency = _wide_tree_case(overflow_ms=0.0)
+    _, _, dear, _ = _wide_tree_case(overflow_ms=2.0)
+    unpriced = best_first_forest([tree], [prices], plain, 0.0, residency=residency)[0]
+    priced = best_first_forest([tree], [prices], dear, 0.0, residency=residency)[0]
+    assert len(unpriced) == 5 and len(priced) == 2, "the first child fits the slots; the others overflow"
+    # the pass's price is the cost model's: two experts a layer beyond the 4 slots for a second child
+    two = subset_verify_ms(dear, [0, 1, 2], prices.expert_probs, residency=residency)
+    assert two - subset_verify_ms(plain, [0, 1, 2], prices.expert_probs, residency=residency) == pytest.approx(2 * 2 * 2.0)
