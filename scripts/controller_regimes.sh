@@ -10,7 +10,7 @@ export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"  # this checkout's moe_spec,
 PY=${PYTHON:-.venv/bin/python}
 OUT=analysis/results/controller_regimes
 REPEATS=${REPEATS:-1}
-METHODS=ar,static-best,moe-aware,moe-aware-unbounded
+METHODS=${METHODS:-ar,static-best,moe-aware,moe-aware-unbounded}
 mkdir -p "$OUT"
 declare -A SETS=([shipped]=configs/bench/heldout.jsonl [heldout]=configs/bench/foreign_heldout.jsonl)
 # batches never mix classes (`moe_spec.experiments.runner.batches`): B rows need B prompts of one

@@ -10,8 +10,9 @@
    prompts, every other term kept as measured (b and c with the experts resident, m_l from the
    store): base, what offloading adds per pass (the slot bookkeeping of every MoE layer) and what the
    decoding contexts add over the profiler's short prefix; o, what each expert a layer needs beyond
-   its C resident slots adds (streamed through scratch slots a chunk at a time: m_l's one parallel
-   read underprices it, by half on passes of 30-60 ms on the embedded pair). Refitting b or c as well
+   its C resident slots adds (streamed through scratch slots a chunk at a time: priced by m_l's one
+   parallel read alone, the embedded pair's held-out passes priced above 30 ms took 1.4-1.6x their
+   price at C = 16). Refitting b or c as well
    would let them soak up the fetch time (misses grow with U and T), pricing resident experts as if
    they were read. The profile keeps this,
    t = base' + b*T + sum_l (c U_l + m_l(M_l) + o max(U_l - C, 0)).
@@ -116,6 +117,7 @@ def _fit_base_and_slope(residual: np.ndarray, x: np.ndarray, ms: np.ndarray) -> 
     """(a, b) >= 0 minimising sum(((residual - a - b x) / ms)^2): weighted least squares in closed
     form, with a bound at 0 refitted with the other term alone."""
     w = 1.0 / ms**2
+
     def alone_a() -> float:
         return float(max((w * residual).sum() / w.sum(), 0.0))
 
