@@ -101,6 +101,7 @@ def _moe_aware(price_experts: bool = True, price_residency: bool = True, bounded
 
 
 def _without_overflow(profile: ProfileSource) -> ProfileSource:
+    """`profile` whose fetch cost prices no experts beyond the resident slots (`moe-aware-nooverflow`)."""
     def source():
         loaded = profile()
         fetch = loaded.cost_model.fetch
