@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from functools import cached_property
 
 import torch
 from torch import nn
@@ -55,8 +56,13 @@ class Routing:
         return int(self.experts.shape[1]) if self.experts.numel() else 0
 
     def unique_per_layer(self) -> list[int]:
-        """Distinct experts each MoE layer activated over these tokens."""
-        return self.activation().sum(1).tolist()  # one scatter for all layers (not a `unique` per layer)
+        """Distinct experts each MoE layer activated over these tokens (counted once per pass: the
+        step's stats, the controller's cost correction and observers all read it)."""
+        return list(self._unique)
+
+    @cached_property
+    def _unique(self) -> tuple[int, ...]:
+        return tuple(self.activation().sum(1).tolist())  # one scatter for all layers (not a `unique` per layer)
 
     def activation(self) -> torch.Tensor:
         """[L, E] bool: whether each expert was activated by any token."""
