@@ -294,6 +294,8 @@ def _command_line(args: argparse.Namespace) -> str:
             parts += [flag, str(value)]
     if args.prefetch:
         parts.append("--prefetch")
+    if args.layer_ahead:
+        parts.append("--layer-ahead")
     if args.sampling is not None:
         parts += ["--sampling", *(sampling_label(s) for s in args.sampling)]
     return shlex.join(parts)

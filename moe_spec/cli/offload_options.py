@@ -30,7 +30,7 @@ EVICTIONS = tuple(e.value for e in Eviction)
 # dest -> option, for the options that only mean something with --offload
 _DEPENDENT = {"resident_experts": "--resident-experts", "offload_dir": "--offload-dir",
               "offload_cache": "--offload-cache", "eviction": "--eviction", "offload_workers": "--offload-workers",
-              "prefetch": "--prefetch"}
+              "prefetch": "--prefetch", "layer_ahead": "--layer-ahead"}
 
 
 def add_offload_arguments(parser: argparse.ArgumentParser) -> None:
@@ -54,6 +54,9 @@ def add_offload_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--prefetch", action="store_const", const=True, default=None,
                        help="read the experts a plan predicts (moe-aware) ahead of their layers, while earlier "
                             "layers compute (default: off; see docs/offload.md)")
+    group.add_argument("--layer-ahead", action="store_const", const=True, default=None,
+                       help="while each MoE layer computes, read the experts the next layer's router picks for its "
+                            "hidden states (default: off; see docs/offload.md)")
 
 
 def offload_config(args: argparse.Namespace) -> OffloadConfig | None:
@@ -76,6 +79,7 @@ def offload_config(args: argparse.Namespace) -> OffloadConfig | None:
         eviction=args.eviction or OFFLOAD_DEFAULTS["eviction"],
         workers=args.offload_workers or OFFLOAD_DEFAULTS["workers"],
         prefetch=bool(args.prefetch),
+        layer_ahead=bool(args.layer_ahead),
     )
 
 
@@ -90,7 +94,8 @@ def offload_summary(offload: ExpertOffload) -> dict:
     """What a command's JSON reports of the offload: `ExpertOffload.summary()` with the settings as fields."""
     config = offload.config
     return {**offload.summary(), "tier": config.tier, "resident_experts": config.resident, "cache": config.cache,
-            "eviction": config.eviction.value, "workers": config.workers, "prefetch": config.prefetch}
+            "eviction": config.eviction.value, "workers": config.workers, "prefetch": config.prefetch,
+            "layer_ahead": config.layer_ahead}
 
 
 def default_store_dir(args: argparse.Namespace) -> Path:
@@ -103,11 +108,14 @@ def default_store_dir(args: argparse.Namespace) -> Path:
 
 def _check_meaningful(args: argparse.Namespace, cache: str, resident: int) -> None:
     """Refuse options the chosen cache ignores: a whole-layer pass reads every expert, so it keeps
-    none resident; with C = 0 there is nothing to evict."""
+    none resident and reads nothing ahead; with C = 0 there is nothing to evict or read ahead into."""
     if cache == "whole-layer":
-        for dest in ("resident_experts", "eviction"):
+        for dest in ("resident_experts", "eviction", "prefetch", "layer_ahead"):
             if getattr(args, dest) is not None:
                 raise InputError(f"{_DEPENDENT[dest]} has no effect with --offload-cache whole-layer "
                                  "(every pass reads all experts of each layer); drop it")
-    elif resident == 0 and args.eviction is not None:
-        raise InputError("--eviction has no effect with --resident-experts 0 (no cache to evict from); drop it")
+    elif resident == 0:
+        for dest, why in (("eviction", "no cache to evict from"), ("prefetch", "no slot to read ahead into"),
+                          ("layer_ahead", "no slot to read ahead into")):
+            if getattr(args, dest) is not None:
+                raise InputError(f"{_DEPENDENT[dest]} has no effect with --resident-experts 0 ({why}); drop it")

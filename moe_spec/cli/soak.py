@@ -144,4 +144,6 @@ def _command_line(args: argparse.Namespace) -> str:
             parts += ["--" + ("json" if flag == "json_out" else flag.replace("_", "-")), str(value)]
     if args.prefetch:
         parts.append("--prefetch")
+    if args.layer_ahead:
+        parts.append("--layer-ahead")
     return shlex.join(parts)

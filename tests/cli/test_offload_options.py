@@ -46,6 +46,9 @@ def test_defaults_are_offload_configs_and_the_store_is_named_by_model_folder_and
     assert (config.resident, str(config.folder), config.workers) == (0, "here", 2)
     config = offload_config(options("--offload", "disk", "--eviction", "lfu", model=str(tiny_folder)))
     assert config.eviction.value == "lfu"
+    assert (config.prefetch, config.layer_ahead) == (False, False)
+    config = offload_config(options("--offload", "disk", "--prefetch", "--layer-ahead", model=str(tiny_folder)))
+    assert (config.prefetch, config.layer_ahead) == (True, True)
 
 
 @pytest.mark.parametrize("argv, message", [
@@ -56,6 +59,11 @@ def test_defaults_are_offload_configs_and_the_store_is_named_by_model_folder_and
      "--resident-experts has no effect with --offload-cache whole-layer"),
     (["--offload", "disk", "--offload-cache", "whole-layer", "--eviction", "lfu"], "--eviction has no effect"),
     (["--offload", "disk", "--resident-experts", "0", "--eviction", "lru"], "--eviction has no effect"),
+    (["--layer-ahead"], "--layer-ahead needs --offload"),
+    (["--offload", "disk", "--offload-cache", "whole-layer", "--layer-ahead"], "--layer-ahead has no effect"),
+    (["--offload", "disk", "--resident-experts", "0", "--layer-ahead"], "--layer-ahead has no effect"),
+    (["--offload", "disk", "--offload-cache", "whole-layer", "--prefetch"], "--prefetch has no effect"),
+    (["--offload", "disk", "--resident-experts", "0", "--prefetch"], "--prefetch has no effect"),
 ])
 def test_options_that_would_go_unused_are_refused_by_name(argv, message, tiny_folder):
     with pytest.raises(InputError, match=message):

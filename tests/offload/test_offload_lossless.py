@@ -27,6 +27,7 @@ NEW_TOKENS = 10
 CACHES = {
     "C=top_k": dict(resident=TOP_K),
     "C=5": dict(resident=5),
+    "C=5, layer ahead": dict(resident=5, layer_ahead=True),
     "C=E": dict(resident=NUM_EXPERTS),
     "no-cache": dict(resident=0),
     "whole-layer": dict(cache="whole-layer"),
