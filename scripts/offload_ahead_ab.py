@@ -126,6 +126,9 @@ def main(argv: list[str] | None = None) -> int:
     for arm in arms:
         for mode in modes:
             t, ref = totals[arm, mode], totals[arm, modes[0]]
+            if not t["steps"] or not ref["steps"]:
+                parser.error(f"{arm} decoded no step after each request's first {SETTLE_STEPS}: "
+                             "raise --max-new-tokens")
             row = {"ms_per_step": t["ms"] / t["steps"], "wait_ms_per_step": t["wait_ms"] / t["steps"],
                    "tokens_per_step": t["tokens"] / t["steps"], "misses_per_token": t["misses"] / t["new_tokens"],
                    "read_ahead_used": t["read_ahead_used"] / t["read_ahead"] if t["read_ahead"] else None,

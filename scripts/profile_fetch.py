@@ -8,7 +8,9 @@ Measures m_l(M) from the expert store (written once into --offload-dir), then ch
 with the fetch term on held-out offloaded verify passes (static trees of 0, 2, 8 and 32 nodes, each
 prompt from a cold cache), and last measures moe-aware's arms decoding offloaded, on torch's own
 thread count (`--arm-settings`; the prior its bandit starts from when experts are offloaded, see
-`moe_spec.measure.arm_rates_stage`). Prints a summary and, last, one JSON line.
+`moe_spec.measure.arm_rates_stage`). `--layer-ahead` reads as `--layer-ahead` runs will, so the
+fitted fetch scale prices what a miss adds to a pass read that way. Prints a summary and, last, one
+JSON line.
 """
 
 from __future__ import annotations
@@ -47,6 +49,9 @@ def main(argv=None) -> dict:
                         default=[sampling_setting("temperature=0"), sampling_setting("temperature=1")],
                         help="sampling settings to measure moe-aware's arms at, offloaded (none: keep the profile's)")
     parser.add_argument("--arm-prompts", type=int, default=12, help="prompts the arms are measured on")
+    parser.add_argument("--layer-ahead", action="store_true",
+                        help="read a layer ahead as the run will (`OffloadConfig.layer_ahead`): the fetch scale is "
+                             "fitted on passes read that way")
     args = parser.parse_args(argv)
     threads = torch.get_num_threads()  # torch's own: the arms are timed as a user runs them
     torch.set_num_threads(1)
@@ -55,7 +60,7 @@ def main(argv=None) -> dict:
     profile = Profile.load(args.profile, resident)
     tokenizer = load_tokenizer(args.model)
     prompts = read_prompts(args.prompts, tokenizer, resident.vocab_size)[: args.max_prompts]
-    offload = offload_experts(model, OffloadConfig(args.offload_dir, resident=args.resident_experts))
+    offload = offload_experts(model, OffloadConfig(args.offload_dir, resident=args.resident_experts, layer_ahead=args.layer_ahead))
     target = TargetModel(model, offload=offload)
     drafter = load_drafter(args.drafter, target)
     try:
@@ -80,13 +85,18 @@ def main(argv=None) -> dict:
     for layer, row in enumerate(fetch["ms"]):
         print(f"  layer {layer}: " + "  ".join(f"{c}:{v:.2f}" for c, v in zip(fetch["counts"], row)))
     print(f"passes: {report['fit_passes']} to refit the compute terms, {report['heldout_passes']} held out")
-    for key in ("error_refit_with_fetch_term", "error_resident_compute_with_fetch_term", "error_compute_only"):
+    refit = report["refit_compute"]
+    print(f"reads {report['reading']}: fetch scale {refit['fetch_scale']:.3f}, overflow {refit['overflow_ms']:.3f} ms "
+          f"per expert beyond {refit['capacity']} slots, base {refit['base_ms']:.2f} ms")
+    keys = ("error_refit_with_fetch_term", "error_refit_without_fetch_scale", "error_refit_without_overflow_term",
+            "error_resident_compute_with_fetch_term", "error_compute_only")
+    for key in keys:
         e = report[key]
         print(f"{key:<38} n={e['n']}  median {e['median']:.1%}  p90 {e['p90']:.1%}  signed mean {e['mean_signed']:+.1%}")
     print(f"share of verify time in fetches: {report['share_of_time_in_fetch']:.1%}")
     line = {"command": "profile_fetch", "out": str(args.out),
-            **{k: report[k]["median"] for k in ("error_refit_with_fetch_term", "error_resident_compute_with_fetch_term",
-                                                 "error_compute_only")},
+            "reading": report["reading"], "fetch_scale": refit["fetch_scale"], "overflow_ms": refit["overflow_ms"],
+            **{k: report[k]["median"] for k in keys},
             "share_of_time_in_fetch": report["share_of_time_in_fetch"], "passes": report["passes"]}
     print(json.dumps(line))
     return line

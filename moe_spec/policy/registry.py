@@ -21,6 +21,7 @@ off (`adapt=False`, a replay under another cost model). To add a method, registe
 from __future__ import annotations
 
 from collections.abc import Callable, Collection
+import warnings
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
@@ -280,6 +281,9 @@ class MethodContext:
                 # the overflow beyond the resident slots is priced at this run's cache size
                 fetch = profile.cost_model.fetch.at_capacity(offload.capacity)
                 profile = replace(profile, cost_model=replace(profile.cost_model, fetch=fetch))
+                mismatch = reading_mismatch(profile, offload.config.layer_ahead)
+                if mismatch:
+                    warnings.warn(mismatch, stacklevel=2)
             self._profile = profile
         return self._profile
 
@@ -306,3 +310,17 @@ def build_method(name: str, context: MethodContext) -> Method:
     offload = context.target.offload
     return Method(name, drafter, build_controller(name, lambda: context.profile(name), adapt=True,
                                                   residency=offload.residency if offload is not None else None))
+
+
+def reading_mismatch(profile, layer_ahead: bool) -> str | None:
+    """Why `profile`'s fetch cost misprices a run that reads a layer ahead (`layer_ahead`) or on
+    demand: its fetch scale was fitted on passes read the other way (`fetch_stage`'s report names
+    how); None where they agree or the profile does not say."""
+    report = profile.details.get("fetch_cost_report") or {}
+    fitted = report.get("reading", "on demand" if report else None)  # reports before reading ahead: on demand
+    running = "a layer ahead" if layer_ahead else "on demand"
+    if fitted is None or fitted == running:
+        return None
+    option = " --layer-ahead" if layer_ahead else ""
+    return (f"the profile's fetch cost was fitted on passes that read their experts {fitted}, and this run reads "
+            f"them {running}: misses are priced as they cost there (remake it with scripts/profile_fetch.py{option})")

@@ -70,3 +70,21 @@ def test_a_model_without_a_router_for_every_moe_layer_is_refused_by_name():
     model = model_of("qwen3_moe")
     with pytest.raises(InputError, match="layer_ahead needs the router of every MoE layer.*\\[99\\]"):
         _next_routers(model, (0, 99))
+
+
+def test_a_profile_fitted_on_passes_read_the_other_way_is_named():
+    from dataclasses import replace
+
+    from moe_spec.policy.registry import reading_mismatch
+    from tests.offload.test_offload_lossless import reference_profile
+
+    profile = reference_profile("qwen3_moe")
+    on_demand = replace(profile, details={**profile.details, "fetch_cost_report": {"reading": "on demand"}})
+    ahead = replace(profile, details={**profile.details, "fetch_cost_report": {"reading": "a layer ahead"}})
+    older = replace(profile, details={**profile.details, "fetch_cost_report": {"passes": 10}})
+    assert reading_mismatch(on_demand, layer_ahead=False) is None
+    assert reading_mismatch(ahead, layer_ahead=True) is None
+    assert "profile_fetch.py --layer-ahead" in reading_mismatch(on_demand, layer_ahead=True)
+    assert "read their experts on demand" in reading_mismatch(older, layer_ahead=True), "a report from before: on demand"
+    assert "read their experts a layer ahead" in reading_mismatch(ahead, layer_ahead=False)
+    assert reading_mismatch(replace(profile, details={}), layer_ahead=True) is None, "fetch cost measured now: no report"

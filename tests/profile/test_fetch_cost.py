@@ -27,6 +27,22 @@ def test_miss_price_falls_as_parallel_reads_amortise():
     assert (later < first).all()
 
 
+def test_the_fetch_scale_prices_every_read_and_round_trips():
+    from dataclasses import replace
+
+    hidden = replace(FETCH, scale=0.4, overflow_ms=0.5, capacity=2)
+    np.testing.assert_allclose(hidden.layer_ms([2, 4]), [0.4 * 1.5, 0.4 * 5.0])
+    np.testing.assert_allclose(hidden.miss_price([0, 0]), [0.4, 0.8])
+    assert hidden.total_ms([2, 4], unique=[3, 2]) == pytest.approx(0.4 * 6.5 + 0.5), "the overflow is not scaled"
+    assert FetchCost.from_dict(hidden.to_dict()) == hidden
+    older = hidden.to_dict()
+    del older["scale"]  # a profile from before the scale was fitted: reads priced as timed alone
+    assert FetchCost.from_dict(older).scale == 1.0
+    for bad in (-0.1, float("inf"), float("nan")):
+        with pytest.raises(ValueError, match="fetch scale"):
+            replace(FETCH, scale=bad)
+
+
 @pytest.mark.parametrize("counts, ms", [((2, 1), ((1.0, 1.0),)), ((0, 1), ((1.0, 1.0),)), ((1,), ((float("nan"),),))])
 def test_fetch_cost_refuses_a_bad_grid(counts, ms):
     with pytest.raises(ValueError):
