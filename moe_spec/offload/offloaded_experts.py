@@ -171,7 +171,8 @@ class ExpertOffload:
         self.counters = OffloadCounters(per_layer_misses=[0] * len(experts))
         self._ahead: dict[int, tuple[list[tuple[int, int]], object]] = {}  # layer -> (admitted, PendingReads) in flight
         # position -> the router of the MoE layer after it (the last: None), for `layer_ahead`
-        self._next_router = _next_routers(model, self.layers) if config.layer_ahead else []
+        # (found whether or not this config reads ahead: a later config may; refused now if this one does)
+        self._next_router = _next_routers(model, self.layers, required=config.layer_ahead)
         self.model_fingerprint: dict | None = None  # the model's `fingerprint` before its experts left (profiles match it)
         self.implementation: str | None = None  # the name registered in transformers' ExpertsInterface
         self.full_bytes = len(experts) * self.num_experts * store.layout.payload_bytes
@@ -328,8 +329,8 @@ class ExpertOffload:
         experts it picks that are resident are refreshed, so this read evicts none of them. Outputs
         are unchanged: an expert computes the same from any slot."""
         following = position + 1
-        if (not self.config.layer_ahead or following >= len(self.caches) or following in self._ahead
-                or not self.caches[following].capacity):
+        if (not self.config.layer_ahead or not self._next_router or following >= len(self.caches)
+                or following in self._ahead or not self.caches[following].capacity):
             return
         cache = self.caches[following]
         with torch.no_grad():
@@ -449,10 +450,13 @@ class _PairRows:
         return final
 
 
-def _next_routers(model: nn.Module, layers: tuple[int, ...]) -> list[nn.Module | None]:
-    """[L] the router of the MoE layer after each one (the last: None), for `layer_ahead`."""
+def _next_routers(model: nn.Module, layers: tuple[int, ...], required: bool = True) -> list[nn.Module | None]:
+    """[L] the router of the MoE layer after each one (the last: None), for `layer_ahead`; where
+    one is not found, an `InputError` if `required`, else [] (no layer is read ahead)."""
     by_layer = {router.layer: router.module for router in find_routers(model)}
     missing = [layer for layer in layers[1:] if layer not in by_layer]
+    if missing and not required:
+        return []
     if missing:
         raise InputError(f"layer_ahead needs the router of every MoE layer; none found in decoder layers {missing} "
                          f"of {type(model).__name__}")

@@ -70,6 +70,21 @@ def test_a_model_without_a_router_for_every_moe_layer_is_refused_by_name():
     model = model_of("qwen3_moe")
     with pytest.raises(InputError, match="layer_ahead needs the router of every MoE layer.*\\[99\\]"):
         _next_routers(model, (0, 99))
+    assert _next_routers(model, (0, 99), required=False) == [], "not reading ahead: nothing to refuse"
+
+
+def test_a_config_that_turns_reading_ahead_on_later_reads_ahead(make_offloaded):
+    from dataclasses import replace
+
+    model, offload = make_offloaded("qwen3_moe", resident=4)
+    with torch.no_grad():
+        model(input_ids=ONE_TOKEN)
+    assert offload.counters.read_ahead == 0
+    offload.clear()
+    offload.config = replace(offload.config, layer_ahead=True)
+    with torch.no_grad():
+        model(input_ids=ONE_TOKEN)
+    assert offload.counters.read_ahead > 0
 
 
 def test_a_profile_fitted_on_passes_read_the_other_way_is_named():
