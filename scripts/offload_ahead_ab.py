@@ -62,6 +62,37 @@ class _Steps(DecodeObserver):
                 for (tokens, started, ms, wait), following in zip(self.steps, starts)][SETTLE_STEPS:]
 
 
+def decode_one(target: TargetModel, drafter, controller, ids: torch.Tensor, max_new_tokens: int, total: dict) -> None:
+    """Decode one request ([T] ids) from a cold cache, adding what it read, waited for and made to `total`."""
+    offload = target.offload
+    offload.clear()
+    before = offload.counters.copy()
+    steps = _Steps()
+    started = time.perf_counter()
+    result = SpecDecoder(target, drafter, controller, observer=steps).generate(
+        ids[None], max_new_tokens=max_new_tokens, eos_token_id=[])
+    total["wall_ms"] += (time.perf_counter() - started) * 1000
+    total["new_tokens"] += result.stats.new_tokens
+    read = offload.counters.since(before)
+    total["misses"] += read.misses
+    total["read_ahead"] += read.read_ahead
+    total["read_ahead_used"] += read.read_ahead_used
+    for tokens, ms, wait in steps.settled():
+        total["tokens"] += tokens
+        total["ms"] += ms
+        total["wait_ms"] += wait
+        total["steps"] += 1
+
+
+def figures(t: dict, ref: dict) -> dict:
+    """One arm and mode's figures from its totals `t`, rates against the same arm's on demand `ref`."""
+    return {"ms_per_step": t["ms"] / t["steps"], "wait_ms_per_step": t["wait_ms"] / t["steps"],
+            "tokens_per_step": t["tokens"] / t["steps"], "misses_per_token": t["misses"] / t["new_tokens"],
+            "read_ahead_used": t["read_ahead_used"] / t["read_ahead"] if t["read_ahead"] else None,
+            "step_rate_ratio": (t["tokens"] / t["ms"]) / (ref["tokens"] / ref["ms"]),
+            "request_rate_ratio": (t["new_tokens"] / t["wall_ms"]) / (ref["new_tokens"] / ref["wall_ms"])}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--prompts", type=Path, default=Path("configs/bench/heldout.jsonl"))
@@ -97,25 +128,8 @@ def main(argv: list[str] | None = None) -> int:
                 turn = index % len(runs)
                 for arm, mode in runs[turn:] + runs[:turn]:
                     offload.config = dataclasses.replace(base, **{"prefetch": False, "layer_ahead": False, **MODES[mode]})
-                    offload.clear()
-                    before = offload.counters.copy()
-                    steps = _Steps()
                     controller = BoundedController(bounded.sizing, bandit=BudgetBandit((arm,)))
-                    started = time.perf_counter()
-                    result = SpecDecoder(target, drafter, controller, observer=steps).generate(
-                        ids[None], max_new_tokens=args.max_new_tokens, eos_token_id=[])
-                    total = totals[arm, mode]
-                    total["wall_ms"] += (time.perf_counter() - started) * 1000
-                    total["new_tokens"] += result.stats.new_tokens
-                    read = offload.counters.since(before)
-                    total["misses"] += read.misses
-                    total["read_ahead"] += read.read_ahead
-                    total["read_ahead_used"] += read.read_ahead_used
-                    for tokens, ms, wait in steps.settled():
-                        total["tokens"] += tokens
-                        total["ms"] += ms
-                        total["wait_ms"] += wait
-                        total["steps"] += 1
+                    decode_one(target, drafter, controller, ids, args.max_new_tokens, totals[arm, mode])
                     bar.update(1)
     finally:
         offload.close()
@@ -129,11 +143,7 @@ def main(argv: list[str] | None = None) -> int:
             if not t["steps"] or not ref["steps"]:
                 parser.error(f"{arm} decoded no step after each request's first {SETTLE_STEPS}: "
                              "raise --max-new-tokens")
-            row = {"ms_per_step": t["ms"] / t["steps"], "wait_ms_per_step": t["wait_ms"] / t["steps"],
-                   "tokens_per_step": t["tokens"] / t["steps"], "misses_per_token": t["misses"] / t["new_tokens"],
-                   "read_ahead_used": t["read_ahead_used"] / t["read_ahead"] if t["read_ahead"] else None,
-                   "step_rate_ratio": (t["tokens"] / t["ms"]) / (ref["tokens"] / ref["ms"]),
-                   "request_rate_ratio": (t["new_tokens"] / t["wall_ms"]) / (ref["new_tokens"] / ref["wall_ms"])}
+            row = figures(t, ref)
             report[f"{arm}/{mode}"] = {k: (round(v, 4) if v is not None else None) for k, v in row.items()}
             used = f"{row['read_ahead_used']:.0%}" if row["read_ahead_used"] is not None else "-"
             print(f"| {arm} | {mode} | {row['ms_per_step']:.1f} | {row['wait_ms_per_step']:.2f} | "
