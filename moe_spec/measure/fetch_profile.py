@@ -72,8 +72,7 @@ def fetch_stage(target, drafter, prompts: list[torch.Tensor], profile, budgets: 
         controller = StaticController(EAGLE2_BUDGET.with_nodes(nodes)) if nodes else None
         SpecDecoder(target, drafter if nodes else None, controller, observer=recorder).generate(
             ids[None], max_new_tokens=max_new_tokens)
-    reading = "a layer ahead" if offload.config.layer_ahead else "on demand"
-    report = {"fetch_cost": fetch.to_dict(), "offload": offload.summary(), "reading": reading}
+    report = {"fetch_cost": fetch.to_dict(), "offload": offload.summary(), "reading": offload.config.reading}
     held_out = np.array(recorder.prompts) % 2 == 1
     if held_out.any() and (~held_out).any():
         tokens, unique, misses, rows, ms = (np.array(column, dtype=np.float64) for column in zip(*recorder.passes))

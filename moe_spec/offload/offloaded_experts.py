@@ -57,6 +57,11 @@ CACHES = ("resident", "whole-layer")
 _NAMES = itertools.count()
 
 
+def reading_label(layer_ahead: bool) -> str:
+    """How a pass reads its experts: "a layer ahead" (`OffloadConfig.layer_ahead`) or "on demand"."""
+    return "a layer ahead" if layer_ahead else "on demand"
+
+
 @dataclass(frozen=True)
 class OffloadConfig:
     folder: str | Path  # where the expert store lives (written there once)
@@ -89,6 +94,11 @@ class OffloadConfig:
         if self.workers < 1:
             raise InputError(f"offload workers must be >= 1, got {self.workers}")
         object.__setattr__(self, "eviction", Eviction(self.eviction))
+
+    @property
+    def reading(self) -> str:
+        """How a pass reads its experts, as the fetch stage's report names it (`reading_label`)."""
+        return reading_label(self.layer_ahead)
 
     def describe(self) -> str:
         if self.cache == "whole-layer":

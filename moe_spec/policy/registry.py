@@ -29,6 +29,7 @@ from moe_spec.core.control import Controller
 from moe_spec.core.drafting import EAGLE2_BUDGET, Drafter, TreeBudget
 from moe_spec.core.target import TargetModel
 from moe_spec.errors import InputError
+from moe_spec.offload.offloaded_experts import reading_label
 from moe_spec.policy.candidate_scheme import CandidateScheme
 from moe_spec.policy.bounded_controller import BoundedController
 from moe_spec.policy.moe_aware import MoeAwareController
@@ -317,8 +318,8 @@ def reading_mismatch(profile, layer_ahead: bool) -> str | None:
     demand: its fetch scale was fitted on passes read the other way (`fetch_stage`'s report names
     how); None where they agree or the profile does not say."""
     report = profile.details.get("fetch_cost_report") or {}
-    fitted = report.get("reading", "on demand" if report else None)  # reports before reading ahead: on demand
-    running = "a layer ahead" if layer_ahead else "on demand"
+    fitted = report.get("reading", reading_label(False) if report else None)  # reports before reading ahead: on demand
+    running = reading_label(layer_ahead)
     if fitted is None or fitted == running:
         return None
     option = " --layer-ahead" if layer_ahead else ""

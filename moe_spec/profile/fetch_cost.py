@@ -70,7 +70,7 @@ class FetchCost:
             slope = (y[-1] - y[-2]) / (x[-1] - x[-2])
             m = misses[layer]
             out[layer] = np.interp(m, x, y) if m <= x[-1] else y[-1] + slope * (m - x[-1])
-        return out * self.scale if self.scale != 1.0 else out
+        return out * self.scale
 
     def overflow(self, unique) -> np.ndarray:
         """[L] experts beyond each layer's resident slots for a pass loading `unique` [L] distinct
