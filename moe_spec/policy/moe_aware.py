@@ -36,6 +36,9 @@ class MoeAwareSettings:
     probe_every: int = 4  # while the gate pauses drafting, every this many steps drafts anyway
     price_depths: bool = True  # drafting stops where no deeper node could pay (`DepthPricer`)
     expect_tokens: bool = True  # a sampled chain counts its expected tokens (`tokens_expected`)
+    # offloaded: what reads cost a pass learnt online apart from the compute (`CostCorrection.fetch_scale`;
+    # False: the profile's fetch price, the ablation `-profilefetch`)
+    learn_fetch: bool = True
 
     def __post_init__(self):
         for name in ("candidate_min", "sampled_min", "recent_steps", "probe_every"):
@@ -90,8 +93,10 @@ class MoeAwareController(ProfiledController):
 
     With the experts offloaded, `residency` (a callable returning the cache's [L, E] resident
     experts, read at decision time) lets selection price each node's non-resident experts as
-    fetches under the profile's fetch cost; `price_residency=False` is the ablation that prices
-    compute only (its online cost scale still learns the average fetch time).
+    fetches under the profile's fetch cost, scaled by what reads measure to cost the run
+    (`CostCorrection.fetch_scale`; `learn_fetch=False`: the profile's price, the ablation);
+    `price_residency=False` is the ablation that prices compute only (its online cost scale still
+    learns the average fetch time).
     """
 
     name = "moe-aware"
@@ -99,12 +104,13 @@ class MoeAwareController(ProfiledController):
     def __init__(self, profile, price_experts: bool = True, adapt: bool = True, persist: bool = False,
                  recent_steps: int = 4, probe_every: int = 4, candidate_growth: float = 1.25, candidate_min: int = 4,
                  scheme: CandidateScheme = CandidateScheme.AUTO, residency=None, price_residency: bool = True,
-                 gate: bool = True, price_depths: bool = True, expect_tokens: bool = True):
+                 gate: bool = True, price_depths: bool = True, expect_tokens: bool = True, learn_fetch: bool = True):
         super().__init__(profile, adapt=adapt, persist=persist, scheme=scheme)
         self.settings = MoeAwareSettings(price_experts=price_experts, gate=gate, price_residency=price_residency,
                                          candidate_growth=candidate_growth, candidate_min=candidate_min,
                                          recent_steps=recent_steps, probe_every=probe_every,
-                                         price_depths=price_depths, expect_tokens=expect_tokens)
+                                         price_depths=price_depths, expect_tokens=expect_tokens,
+                                         learn_fetch=learn_fetch)
         self.residency = residency  # () -> [L, E] bool, or None: experts not offloaded
         self._default = EAGLE2_BUDGET
         self._asked = EAGLE2_BUDGET  # the candidate tree last asked for
@@ -235,9 +241,12 @@ class MoeAwareController(ProfiledController):
             compute_ms = self._predicted_compute_ms(record.verified, plan)
             fetch_ms = 0.0
             fetch = self.profile.cost_model.fetch
-            if record.fetch is not None and fetch is not None and self._prices_fetches():  # measured on the store: not scaled
+            if record.fetch is not None and fetch is not None and self._prices_fetches():  # the profile's price
                 fetch_ms = fetch.total_ms(record.fetch.per_layer_misses, record.routing.unique_per_layer())
-            self.cost_correction.update(compute_ms, record.verify_ms - fetch_ms, rows=record.verified.rows)
+            if self.settings.learn_fetch:
+                self.cost_correction.update(compute_ms, record.verify_ms, rows=record.verified.rows, fetch_ms=fetch_ms)
+            else:  # reads at the profile's price: the speed learnt from what the pass measured beyond them
+                self.cost_correction.update(compute_ms, record.verify_ms - fetch_ms, rows=record.verified.rows)
         if self.adapt and record.speculated:
             if self._chain is not None and drawn(record.verified):
                 self._chain.observe(_chain_trials(record))

@@ -33,7 +33,8 @@ class AcceptanceCorrection:
 
 @dataclass
 class CostCorrection:
-    """measured = scale * predicted + row_ms * (B - 1), for the verify time of a pass of B rows.
+    """measured = scale * predicted + fetch_scale * fetch + row_ms * (B - 1), for the verify time
+    of a pass of B rows.
 
     With one row, what the profile's formula misses at run time is mostly a machine running at
     another speed than when it was profiled (its clock, its neighbours' load, a thread count), and
@@ -53,8 +54,21 @@ class CostCorrection:
     16-row steps, a third of a 32-token request, to learn the work, and verify was priced 8% under
     what it took), and leave the scale as the one-row passes set it. Per row, not per pass: a batch
     whose rows finish keeps the price of the rows it still has (a flat offset learnt at 16 rows
-    priced a 3-row pass 11 ms too dear). The fetch term of offloaded experts is measured on the
-    run's own store, so it is left out of both sides (`moe_aware` subtracts it).
+    priced a 3-row pass 11 ms too dear).
+
+    Offloaded, a pass also reads its missing experts, which the profile's fetch cost prices
+    (`fetch_ms`, given apart from the compute's `predicted_ms`). Reads do not move with the compute:
+    on this machine's disk a pass's misses cost 1.75-2.0x the disk profile's price while its compute
+    ran 1.2x the profile's, and one scale learnt from the sum put compute at 1.7x and misses at 1x
+    (`analysis/results/offload/fetch_correction/`), so the sizing took resident nodes for dear and
+    missing ones for cheap. So one-row passes also teach `fetch_scale`, what a pass's predicted
+    fetch time costs it: the fetch coefficient of a least-squares fit of measured on
+    (predicted, fetch) over recent passes, in relative error (each pass's terms over its measured
+    time), each pass's weight decaying by `fetch_memory` per later pass, shrunk towards 1 (the
+    profile's price) by `fetch_shrink` of its own evidence and clamped to [low, high]. Passes vary
+    in how much of their time is reads (plain warm passes few, a tree's first pass of a request
+    many), which is what tells the two prices apart. The speed `scale` is learnt as before, from
+    what the pass measured beyond its fetch at that price.
     """
 
     smoothing: float = 0.3
@@ -63,18 +77,48 @@ class CostCorrection:
     log_scale: float = 0.0
     row_ms: float = 0.0
     row_samples: int = 0
+    fetch_scale: float = 1.0
+    fetch_memory: float = 0.95  # a pass's weight in the fetch fit, times this per later one-row pass (about 20 passes)
+    fetch_shrink: float = 0.1  # the fit's fetch coefficient pulled towards 1 by this share of its evidence
+    # the fetch fit's decayed sums over one-row passes, x = (predicted, fetch) / measured, y = 1:
+    # sum x1^2, x1 x2, x2^2, x1, x2
+    _fit: list = field(default_factory=lambda: [0.0] * 5, repr=False)
 
-    def update(self, predicted_ms: float, measured_ms: float, rows: int = 1) -> None:
+    def update(self, predicted_ms: float, measured_ms: float, rows: int = 1, fetch_ms: float = 0.0) -> None:
+        """A pass of `rows` rows predicted to compute in `predicted_ms` and to read its missing
+        experts in `fetch_ms` (the profile's prices) took `measured_ms`."""
         if predicted_ms <= 0 or measured_ms <= 0:
             return
+        fetch_ms = max(fetch_ms, 0.0)
         if rows > 1:
-            per_row = (measured_ms - self.scale * predicted_ms) / (rows - 1)
+            per_row = (measured_ms - self.scale * predicted_ms - self.fetch_scale * fetch_ms) / (rows - 1)
             self.row_ms = per_row if not self.row_samples else (1 - self.smoothing) * self.row_ms + self.smoothing * per_row
             self.row_samples += 1
             return
-        ratio = math.log(measured_ms / predicted_ms)
+        self._learn_fetch(predicted_ms / measured_ms, fetch_ms / measured_ms)
+        computed = measured_ms - self.fetch_scale * fetch_ms
+        if computed <= 0:  # reads priced above the whole pass: the slowest speed the clamp allows
+            computed = self.low * predicted_ms
+        ratio = math.log(computed / predicted_ms)
         blended = (1 - self.smoothing) * self.log_scale + self.smoothing * ratio
         self.log_scale = min(max(blended, math.log(self.low)), math.log(self.high))
+
+    def _learn_fetch(self, compute: float, fetch: float) -> None:
+        """One pass's relative terms into the decayed fit, and `fetch_scale` re-solved. Passes that
+        all read in one proportion of their compute do not tell the two prices apart: the shrink
+        then keeps the profile's price and the speed takes the rest."""
+        fit = self._fit
+        for k, term in enumerate((compute * compute, compute * fetch, fetch * fetch, compute, fetch)):
+            fit[k] = self.fetch_memory * fit[k] + term
+        s11, s12, s22, s1, s2 = fit
+        if s22 <= 0:
+            return  # no pass has read: the profile's price stands
+        ridge = self.fetch_shrink * s22
+        det = s11 * (s22 + ridge) - s12 * s12
+        if det <= 1e-9 * s11 * s22:
+            return  # numerically singular: the price stands
+        solved = (s11 * (s2 + ridge) - s12 * s1) / det
+        self.fetch_scale = min(max(solved, self.low), self.high)
 
     @property
     def scale(self) -> float:

@@ -37,7 +37,7 @@ class ProfiledController:
         self.sampled = False  # this request's candidates are sampled (set by `begin`)
         self.calibration = profile.calibration  # the acceptance calibration matching this request
         self._last_calibrated: tuple[StepForest, tuple[float, ...]] | None = None  # (forest, its calibrated values)
-        self._scaled: tuple[tuple[float, float], CostModel] | None = None  # (correction, the cost model it scales)
+        self._scaled: tuple[tuple[float, float, float], CostModel] | None = None  # (correction, the cost model it scales)
         self._fresh_corrections()
 
     def _fresh_corrections(self) -> None:
@@ -118,9 +118,10 @@ class ProfiledController:
         base = self.profile.cost_model
         if not self.adapt:
             return base
-        key = (self.cost_correction.log_scale, self.cost_correction.row_ms)
+        correction = self.cost_correction
+        key = (correction.log_scale, correction.row_ms, correction.fetch_scale)
         if self._scaled is None or self._scaled[0] != key:  # rebuilt when the correction moved
-            self._scaled = (key, base.scaled(self.cost_correction.scale, self.cost_correction.row_ms))
+            self._scaled = (key, base.scaled(correction.scale, correction.row_ms, correction.fetch_scale))
         return self._scaled[1]
 
     def _learn_acceptance(self, record: StepRecord, values: Sequence[float] | None = None) -> None:

@@ -79,15 +79,17 @@ def _static(budget: TreeBudget, profile: ProfileSource, scheme: CandidateScheme)
 REQUEST_PRIOR_STEPS = 16.0  # the run's difficulty weighs as this many of the request's steps
 
 
-def _moe_aware(price_experts: bool = True, price_residency: bool = True, bounded: bool = True,
+def moe_aware_builder(price_experts: bool = True, price_residency: bool = True, bounded: bool = True,
                adjust: bool = True, tilt: bool = False, request_prior_steps: float | None = None,
-               price_overflow: bool = True):
+               price_overflow: bool = True, learn_fetch: bool = True):
     """The controller of `moe-aware` and its ablations: the cost model's sizing, bounded by fixed
     budgets (`BoundedController`) in a real run; alone, with its own gate, in a replay (no
     measured throughput to choose by) or unbounded (`bounded=False`); `adjust=False`: the bound's
     bandit judges each arm on the steps it was told, not at the run's difficulty; `tilt=True`: its
     prior's scale tilts with the arms' tokens a step; `price_overflow=False`: offloaded, the experts
-    beyond the resident slots are priced as plain misses (`FetchCost.overflow_ms` left out)."""
+    beyond the resident slots are priced as plain misses (`FetchCost.overflow_ms` left out);
+    `learn_fetch=False`: offloaded, reads priced at the profile's fetch cost, not at what the run
+    measures them to cost (`CostCorrection.fetch_scale`)."""
     def build(arg, profile: ProfileSource, adapt: bool, scheme: CandidateScheme, residency=None) -> Controller:
         bound = bounded and adapt
         if not price_overflow:
@@ -96,7 +98,7 @@ def _moe_aware(price_experts: bool = True, price_residency: bool = True, bounded
         # few steps of each, and started afresh each time it was judged by its warm-up trees
         sizing = MoeAwareController(profile(), price_experts=price_experts, adapt=adapt, scheme=scheme,
                                     residency=residency, price_residency=price_residency, gate=not bound,
-                                    persist=bound)
+                                    persist=bound, learn_fetch=learn_fetch)
         return BoundedController(sizing, adjust=adjust, tilt=tilt,
                                  request_prior_steps=request_prior_steps) if bound else sizing
     return build
@@ -121,21 +123,23 @@ METHODS: dict[str, Policy] = {
     "chain": Policy(True, lambda arg, profile, adapt, scheme, residency=None: _static(
         TreeBudget(int(arg), int(arg), 1), profile, scheme), _node_count),
     "truncate": Policy(True, _truncate),
-    "moe-aware": Policy(True, _moe_aware()),
+    "moe-aware": Policy(True, moe_aware_builder()),
     # the ablations: calibrated values and token cost only, no expert pricing; with offloaded experts,
     # experts priced by their compute alone, not by whether they are resident
-    "moe-aware-noexperts": Policy(True, _moe_aware(price_experts=False)),
-    "moe-aware-noresidency": Policy(True, _moe_aware(price_residency=False)),
+    "moe-aware-noexperts": Policy(True, moe_aware_builder(price_experts=False)),
+    "moe-aware-noresidency": Policy(True, moe_aware_builder(price_residency=False)),
     # offloaded: the experts a pass needs beyond the resident slots priced as plain misses
-    "moe-aware-nooverflow": Policy(True, _moe_aware(price_overflow=False)),
+    "moe-aware-nooverflow": Policy(True, moe_aware_builder(price_overflow=False)),
+    # offloaded: reads priced at the profile's fetch cost, not learnt from the run's passes
+    "moe-aware-profilefetch": Policy(True, moe_aware_builder(learn_fetch=False)),
     # the sizing alone, with its own pause-and-probe gate: what the bound over fixed budgets adds
-    "moe-aware-unbounded": Policy(True, _moe_aware(bounded=False)),
+    "moe-aware-unbounded": Policy(True, moe_aware_builder(bounded=False)),
     # the bound without its difficulty adjustment (`BudgetBandit(adjust=False)`)
-    "moe-aware-unadjusted": Policy(True, _moe_aware(adjust=False)),
+    "moe-aware-unadjusted": Policy(True, moe_aware_builder(adjust=False)),
     # the bound whose prior's scale tilts with the arms' tokens a step (`BudgetBandit.prior_tokens`)
-    "moe-aware-tilted": Policy(True, _moe_aware(tilt=True)),
+    "moe-aware-tilted": Policy(True, moe_aware_builder(tilt=True)),
     # the bound judging its arms at the request's difficulty (`RequestDifficulty`), not the run's
-    "moe-aware-request": Policy(True, _moe_aware(request_prior_steps=REQUEST_PRIOR_STEPS)),
+    "moe-aware-request": Policy(True, moe_aware_builder(request_prior_steps=REQUEST_PRIOR_STEPS)),
 }
 
 AR = "ar"

@@ -74,15 +74,17 @@ class CostModel:
         """[L] ms per unique expert in each MoE layer."""
         return np.broadcast_to(np.asarray(self.per_expert_ms, dtype=np.float64), (self.num_layers,))
 
-    def scaled(self, factor: float, row_ms: float = 0.0) -> "CostModel":
+    def scaled(self, factor: float, row_ms: float = 0.0, fetch_factor: float = 1.0) -> "CostModel":
         """Every compute term times `factor` (a machine running at another speed than profiled),
-        then `row_ms` added to the per-row term; the fetch cost, measured on the tier itself,
-        unchanged. A negative `row_ms` (per-row work the profile overestimated) is applied as given;
-        `fixed_ms` keeps the fixed part of a pass >= 0."""
+        then `row_ms` added to the per-row term, and the fetch cost times `fetch_factor` (reads
+        costing the run otherwise than profiled, `FetchCost.times`). A negative `row_ms` (per-row
+        work the profile overestimated) is applied as given; `fixed_ms` keeps the fixed part of a
+        pass >= 0."""
+        fetch = self.fetch if self.fetch is None or fetch_factor == 1.0 else self.fetch.times(fetch_factor)
         # built directly, not by `dataclasses.replace` (rebuilt whenever the online scale moves, on
         # the controller's critical path)
         return CostModel(self.base_ms * factor, self.per_token_ms * factor, tuple(v * factor for v in self.per_expert_ms),
-                         self.num_layers, self.source, self.per_row_ms * factor + row_ms, self.fetch)
+                         self.num_layers, self.source, self.per_row_ms * factor + row_ms, fetch)
 
     def fixed_ms(self, rows: int = 1) -> float:
         """The part of a pass of `rows` rows that depends on neither tokens nor experts."""

@@ -105,6 +105,11 @@ class FetchCost:
                          float(data.get("overflow_ms", 0.0)), None if capacity is None else int(capacity),
                          float(data.get("scale", 1.0)))
 
+    def times(self, factor: float) -> "FetchCost":
+        """This cost with every read and the overflow price times `factor` >= 0 (what a run measures
+        its reads to cost against this price, `CostCorrection.fetch_scale`)."""
+        return replace(self, scale=self.scale * factor, overflow_ms=self.overflow_ms * factor)
+
     def at_capacity(self, capacity: int | None) -> "FetchCost":
         """This cost priced for a cache of `capacity` resident experts per layer (the run's, which may
         differ from the one the profile measured at)."""

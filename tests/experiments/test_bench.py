@@ -138,7 +138,7 @@ def test_registry_builds_controllers_with_the_published_budgets():
     assert expand_methods(["ar", "static-best", "static:8"]) == ["ar", *[f"static:{n}" for n in STATIC_GRID]]
     assert set(METHODS) == {"ar", "eagle2", "static", "chain", "truncate", "moe-aware", "moe-aware-noexperts", "moe-aware-noresidency",
                             "moe-aware-unbounded", "moe-aware-unadjusted", "moe-aware-tilted", "moe-aware-request",
-                            "moe-aware-nooverflow"}
+                            "moe-aware-nooverflow", "moe-aware-profilefetch"}
 
 
 def test_method_order_rotates_per_prompt():

@@ -499,3 +499,44 @@ def test_the_gate_measures_afresh_when_rows_leave_the_batch(profiled):
         controller.observe(_record(narrow, [Acceptance([0, 1], 2)] * 3, verify_ms=30.0, draft_ms=0.0))
     assert controller.speculation_gate.rates.plain is None, "the 16-row plain rate is not held against 3-row steps"
     assert len(controller.speculation_gate.rates.recent) == controller.speculation_gate.rates.min_speculative_steps
+
+
+def test_the_cost_correction_tells_the_price_of_reads_from_the_machines_speed():
+    from moe_spec.policy.online_correction import CostCorrection
+
+    exact, shrunk = CostCorrection(fetch_shrink=0.0), CostCorrection()
+    passes = [(10.0, 0.0), (12.0, 4.0), (9.0, 12.0), (15.0, 2.0), (11.0, 20.0), (10.0, 0.0)]  # (compute, fetch) predicted
+    for _ in range(10):
+        for compute, fetch in passes:
+            for correction in (exact, shrunk):  # reads cost 1.9x their price, compute 1.2x
+                correction.update(compute, 1.2 * compute + 1.9 * fetch, fetch_ms=fetch)
+    assert exact.fetch_scale == pytest.approx(1.9, rel=1e-3)
+    assert exact.scale == pytest.approx(1.2, rel=1e-3), "the speed, learnt beyond the reads at their price"
+    # shrunk towards the profile's price by a tenth of its own evidence
+    assert 1.8 < shrunk.fetch_scale < 1.9
+    assert shrunk.scale == pytest.approx(1.2, rel=0.06)
+
+
+def test_reads_in_one_proportion_or_none_leave_the_profiles_fetch_price():
+    from moe_spec.policy.online_correction import CostCorrection
+
+    unread, proportional = CostCorrection(), CostCorrection()
+    for _ in range(30):
+        unread.update(10.0, 22.0)
+        proportional.update(10.0, 30.0, fetch_ms=5.0)  # every pass reads half its compute: not told apart
+    assert unread.fetch_scale == 1.0 and unread.scale == pytest.approx(2.2, rel=1e-3), "resident, as before"
+    assert proportional.fetch_scale == pytest.approx(1.0)
+    assert proportional.scale == pytest.approx(2.5, rel=1e-3), "the whole difference is the machine's speed"
+
+
+def test_the_fetch_price_is_bounded_and_a_batch_pays_its_reads_at_it():
+    from moe_spec.policy.online_correction import CostCorrection
+
+    correction = CostCorrection()
+    for _ in range(40):
+        correction.update(10.0, 10.0, fetch_ms=0.0)
+        correction.update(10.0, 10.0 + 1000.0, fetch_ms=1.0)  # a read costing 1000x its price
+    assert correction.fetch_scale == correction.high
+    before = correction.row_ms
+    correction.update(20.0, correction.scale * 20.0 + correction.high * 3.0 + 15.0, rows=16, fetch_ms=3.0)
+    assert correction.row_ms == pytest.approx(1.0, rel=1e-6) and before == 0.0, "the reads are not per-row work"

@@ -43,6 +43,19 @@ def test_the_fetch_scale_prices_every_read_and_round_trips():
             replace(FETCH, scale=bad)
 
 
+def test_a_scaled_cost_model_scales_compute_and_reads_apart():
+    from dataclasses import replace
+
+    cost = CostModel(base_ms=10.0, per_token_ms=1.0, per_expert_ms=(0.5,), num_layers=2,
+                     fetch=replace(FETCH, scale=0.8, overflow_ms=0.5, capacity=1))
+    scaled = cost.scaled(2.0, fetch_factor=1.5)  # compute at half the speed, reads at 1.5x their price
+    assert scaled.predict_ms(3, [2, 2]) == pytest.approx(2.0 * (10 + 3 + 2.0))
+    reads = cost.fetch.total_ms([2, 1], unique=[2, 2])
+    assert scaled.fetch.total_ms([2, 1], unique=[2, 2]) == pytest.approx(1.5 * reads), "the overflow read too"
+    np.testing.assert_allclose(scaled.fetch.miss_price([0, 0]), 1.5 * cost.fetch.miss_price([0, 0]))
+    assert cost.scaled(2.0).fetch is cost.fetch, "reads at their price unless told otherwise"
+
+
 @pytest.mark.parametrize("counts, ms", [((2, 1), ((1.0, 1.0),)), ((0, 1), ((1.0, 1.0),)), ((1,), ((float("nan"),),))])
 def test_fetch_cost_refuses_a_bad_grid(counts, ms):
     with pytest.raises(ValueError):
