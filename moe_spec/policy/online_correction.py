@@ -58,17 +58,17 @@ class CostCorrection:
 
     Offloaded, a pass also reads its missing experts, which the profile's fetch cost prices
     (`fetch_ms`, given apart from the compute's `predicted_ms`). Reads do not move with the compute:
-    on this machine's disk a pass's misses cost 1.75-2.0x the disk profile's price while its compute
-    ran 1.2x the profile's, and one scale learnt from the sum put compute at 1.7x and misses at 1x
-    (`analysis/results/offload/fetch_correction/`), so the sizing took resident nodes for dear and
-    missing ones for cheap. So one-row passes also teach `fetch_scale`, what a pass's predicted
-    fetch time costs it: the fetch coefficient of a least-squares fit of measured on
-    (predicted, fetch) over recent passes, in relative error (each pass's terms over its measured
-    time), each pass's weight decaying by `fetch_memory` per later pass, shrunk towards 1 (the
-    profile's price) by `fetch_shrink` of its own evidence and clamped to [low, high]. Passes vary
-    in how much of their time is reads (plain warm passes few, a tree's first pass of a request
-    many), which is what tells the two prices apart. The speed `scale` is learnt as before, from
-    what the pass measured beyond its fetch at that price.
+    on this machine's disk a pass's reads cost 2.0-2.5x the disk profile's price while its compute
+    ran at 0.9-1.0x the profile's, and one scale fitted to whole passes put the compute at 1.4-1.7x
+    and the reads at 1x (`scripts/fetch_price_fit.py`, docs/offload.md), so the sizing took nodes
+    whose experts are resident for dear and misses for cheap. So one-row passes also teach
+    `fetch_scale`, what a pass's predicted fetch time costs it: the fetch coefficient of a
+    least-squares fit of measured on (predicted, fetch) over recent passes, in relative error (each
+    pass's terms over its measured time), each pass's weight decaying by `fetch_memory` per later
+    pass, shrunk towards 1 (the profile's price) by `fetch_shrink` of its own evidence and clamped
+    to [low, high]. Passes vary in how much of their time is reads (plain warm passes few, a tree's
+    first pass of a request many), which is what tells the two prices apart. The speed `scale` is
+    learnt from what the pass measured beyond its reads at that price.
     """
 
     smoothing: float = 0.3
@@ -82,7 +82,7 @@ class CostCorrection:
     fetch_shrink: float = 0.1  # the fit's fetch coefficient pulled towards 1 by this share of its evidence
     # the fetch fit's decayed sums over one-row passes, x = (predicted, fetch) / measured, y = 1:
     # sum x1^2, x1 x2, x2^2, x1, x2
-    _fit: list = field(default_factory=lambda: [0.0] * 5, repr=False)
+    _fit: list = field(default_factory=lambda: [0.0] * 5, init=False, repr=False)
 
     def update(self, predicted_ms: float, measured_ms: float, rows: int = 1, fetch_ms: float = 0.0) -> None:
         """A pass of `rows` rows predicted to compute in `predicted_ms` and to read its missing
