@@ -28,8 +28,19 @@ def arms_of(path: str, fixed_nodes=FIXED_ARMS) -> tuple[list[int], dict]:
     trace = read_trace(path)
     if not trace.greedy:
         raise SystemExit(f"{path}: a sampled trace; the bound is replayed on greedy traces only")
-    sized, fixed, plain = bound_arms(trace, trace.profile(), 1.0, fixed_nodes)
-    return [step.rows[0] for step in trace.steps], {"sized": sized, "fixed": fixed, "plain": plain}
+    profile = trace.profile()
+    sized, fixed, plain = bound_arms(trace, profile, 1.0, fixed_nodes)
+    return [step.rows[0] for step in trace.steps], {"sized": sized, "fixed": fixed, "plain": plain,
+                                                    "prior": greedy_prior(profile)}
+
+
+def greedy_prior(profile) -> tuple[tuple[str, float], ...]:
+    """The arms' rates the profile measured greedy, one row, every expert resident (as a live
+    bound's prior in that regime; () where it measured none)."""
+    for entry in profile.arm_rates:
+        if entry.sampling.greedy and entry.rows == 1 and entry.resident_experts is None:
+            return tuple(entry.rates.items())
+    return ()
 
 
 def rate(steps) -> float:
@@ -49,6 +60,10 @@ def main() -> None:
     parser.add_argument("--request-prior-steps", default="none",
                         help="arms judged at the request's difficulty, shrunk towards the run's by this many steps "
                              "(none: at the run's, the default)")
+    parser.add_argument("--slack", default="none",
+                        help="the share of the baseline's rate trying other arms may cost (none: UCB alone, the default)")
+    parser.add_argument("--prior", action="store_true",
+                        help="start the bandit from the arm rates the trace's profile measured (greedy, one row), as live")
     parser.add_argument("--sized-scale", type=float, default=1.0,
                         help="multiply the sizing's replayed ms by this (a replay flatters the sizing: it picks from "
                              "EAGLE-2's full tree; scale it to where a live run measures it against the fixed trees)")
@@ -56,7 +71,8 @@ def main() -> None:
     grid = list(itertools.product([float(x) for x in args.exploration.split(",")], [int(x) for x in args.window.split(",")],
                                   [int(x) for x in args.min_plays.split(",")],
                                   [None if x == "none" else int(x) for x in args.horizon.split(",")],
-                                  [None if x == "none" else float(x) for x in args.request_prior_steps.split(",")]))
+                                  [None if x == "none" else float(x) for x in args.request_prior_steps.split(",")],
+                                  [None if x == "none" else float(x) for x in args.slack.split(",")]))
     results = {}
     fixed = tuple(int(n) for n in args.fixed.split(","))
     for path in args.trace:
@@ -68,23 +84,26 @@ def main() -> None:
                                                            *((f"static:{n}", st) for n, st in sorted(arms["fixed"].items()))]))
         best = max([arms["sized"], arms["plain"], *arms["fixed"].values()], key=rate)
         print(f"{path}: {len(prompts)} steps; best arm in hindsight {rate(best):.1f} tok/s (replayed)")
-        print("exploration  window  min_plays  horizon  request  bound/best (mean over seeds)  min")
+        print("exploration  window  min_plays  horizon  request  slack  bound/best (mean over seeds)  min")
         rows = []
-        for exploration, window, min_plays, horizon, request in grid:
+        for exploration, window, min_plays, horizon, request, slack in grid:
             ratios = []
             for seed in range(args.seeds):
                 settings = BoundSettings(exploration=exploration, window=window, min_plays=min_plays,
                                          horizon=horizon, fixed=fixed, noise=args.noise, seed=seed,
-                                         request_prior_steps=request)
+                                         request_prior_steps=request, slack=slack,
+                                         priors=arms["prior"] if args.prior else ())
                 chosen, _ = replay_bound(prompts, arms["sized"], arms["fixed"], arms["plain"], settings)
                 ratios.append(rate(chosen) / rate(best))
             rows.append({"exploration": exploration, "window": window, "min_plays": min_plays, "horizon": horizon,
-                         "request_prior_steps": request,
+                         "request_prior_steps": request, "slack": slack,
                          "mean": round(statistics.mean(ratios), 4), "min": round(min(ratios), 4)})
-            print(f"{exploration:11.2f}  {window:6d}  {min_plays:9d}  {horizon!s:>7}  {request!s:>7}  {rows[-1]['mean']:28.3f}"
+            print(f"{exploration:11.2f}  {window:6d}  {min_plays:9d}  {horizon!s:>7}  {request!s:>7}  {slack!s:>5}"
+                  f"  {rows[-1]['mean']:28.3f}"
                   f"  {rows[-1]['min']:.3f}")
         results[path] = rows
     print(json.dumps({"command": "bound_sweep", "simulation": True, "noise": args.noise, "seeds": args.seeds,
+                      "prior": args.prior,
                       "sized_scale": args.sized_scale, "results": results}))
 
 
