@@ -11,6 +11,8 @@ PY=${PYTHON:-.venv/bin/python}
 OUT=analysis/results/controller_regimes
 REPEATS=${REPEATS:-1}
 METHODS=${METHODS:-ar,static-best,moe-aware,moe-aware-unbounded}
+# offloaded, the bound's read-pricing ablations run beside it (each with its own bandit)
+OFFLOAD_ABLATIONS=moe-aware-nooverflow,moe-aware-profilefetch
 mkdir -p "$OUT"
 declare -A SETS=([shipped]=configs/bench/heldout.jsonl [heldout]=configs/bench/foreign_heldout.jsonl)
 # batches never mix classes (`moe_spec.experiments.runner.batches`): B rows need B prompts of one
@@ -21,7 +23,7 @@ bench() {  # name, then bench options (--limit: prompts per class, 2 unless give
   local name=$1; shift
   local -n sets=${PROMPT_SETS:-SETS}
   for set in shipped heldout; do
-    "$PY" -m moe_spec.cli.main bench --limit 2 --prompts "${sets[$set]}" "$@" --methods "$METHODS" \
+    "$PY" -m moe_spec.cli.main bench --limit 2 --prompts "${sets[$set]}" "$@" --methods "$METHODS${EXTRA:+,$EXTRA}" \
       --repeats "$REPEATS" --no-progress --json "$OUT/${name}_${set}.json" > "$OUT/${name}_${set}.txt" 2>&1
     tail -1 "$OUT/${name}_${set}.txt" | cut -c1-160
   done
@@ -50,11 +52,11 @@ run() {
     batch4) PROMPT_SETS=BATCH_SETS bench batch4 --config configs/bench_default.yaml --batch-size 4 --limit 16 ;;  # 4 batches of 4
     batch16) PROMPT_SETS=BATCH_SETS bench batch16 --config configs/bench_default.yaml --batch-size 16 --limit 16 ;;  # one of 16
     threads1) bench threads1 --config configs/bench_default.yaml --threads 1 ;;
-    offload16) profile_disk; bench offload16 --config configs/bench_offload.yaml ;;
-    offload16_t1) profile_disk; bench offload16_t1 --config configs/bench_offload.yaml --temperature 1 ;;
-    offload16_prefetch) profile_disk; bench offload16_prefetch --config configs/bench_offload.yaml --prefetch ;;
-    offload8) profile_disk; bench offload8 --config configs/bench_offload.yaml --resident-experts 8 ;;
-    offload32) profile_disk; bench offload32 --config configs/bench_offload.yaml --resident-experts 32 ;;
+    offload16) profile_disk; EXTRA=$OFFLOAD_ABLATIONS bench offload16 --config configs/bench_offload.yaml ;;
+    offload16_t1) profile_disk; EXTRA=$OFFLOAD_ABLATIONS bench offload16_t1 --config configs/bench_offload.yaml --temperature 1 ;;
+    offload16_prefetch) profile_disk; EXTRA=$OFFLOAD_ABLATIONS bench offload16_prefetch --config configs/bench_offload.yaml --prefetch ;;
+    offload8) profile_disk; EXTRA=$OFFLOAD_ABLATIONS bench offload8 --config configs/bench_offload.yaml --resident-experts 8 ;;
+    offload32) profile_disk; EXTRA=$OFFLOAD_ABLATIONS bench offload32 --config configs/bench_offload.yaml --resident-experts 32 ;;
     *) echo "unknown regime $1" >&2; exit 2 ;;
   esac
 }

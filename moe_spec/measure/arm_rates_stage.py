@@ -31,7 +31,9 @@ from moe_spec.policy.registry import build_controller
 from moe_spec.profile.arm_rates import ArmRates
 
 
-class _StepCounter(DecodeObserver):
+class StepCounter(DecodeObserver):
+    """Each step's tokens, rows and time, as the bound judges its arms."""
+
     def __init__(self):
         self._steps: list[tuple[float, int, float, float]] = []  # (tokens, rows, started s, step ms) per step
 
@@ -74,7 +76,7 @@ def arm_rates_stage(
         row_steps = dict.fromkeys(arms, 0)
         for index, (input_ids, attention_mask) in enumerate(requests):
             for arm in arms[index % len(arms):] + arms[: index % len(arms)]:
-                counter = _StepCounter()
+                counter = StepCounter()
                 if offload is not None:
                     offload.clear()
                 controller = BoundedController(bounded.sizing, bandit=BudgetBandit((arm,)))
