@@ -47,7 +47,7 @@ def rate(steps) -> float:
     return summarise(steps)["tokens_per_s"]
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--trace", action="append", required=True, help="a greedy bench trace (repeatable)")
     parser.add_argument("--exploration", default="0.7")
@@ -60,19 +60,16 @@ def main() -> None:
     parser.add_argument("--request-prior-steps", default="none",
                         help="arms judged at the request's difficulty, shrunk towards the run's by this many steps "
                              "(none: at the run's, the default)")
-    parser.add_argument("--slack", default="none",
-                        help="the share of the baseline's rate trying other arms may cost (none: UCB alone, the default)")
     parser.add_argument("--prior", action="store_true",
                         help="start the bandit from the arm rates the trace's profile measured (greedy, one row), as live")
     parser.add_argument("--sized-scale", type=float, default=1.0,
                         help="multiply the sizing's replayed ms by this (a replay flatters the sizing: it picks from "
                              "EAGLE-2's full tree; scale it to where a live run measures it against the fixed trees)")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     grid = list(itertools.product([float(x) for x in args.exploration.split(",")], [int(x) for x in args.window.split(",")],
                                   [int(x) for x in args.min_plays.split(",")],
                                   [None if x == "none" else int(x) for x in args.horizon.split(",")],
-                                  [None if x == "none" else float(x) for x in args.request_prior_steps.split(",")],
-                                  [None if x == "none" else float(x) for x in args.slack.split(",")]))
+                                  [None if x == "none" else float(x) for x in args.request_prior_steps.split(",")]))
     results = {}
     fixed = tuple(int(n) for n in args.fixed.split(","))
     for path in args.trace:
@@ -84,21 +81,21 @@ def main() -> None:
                                                            *((f"static:{n}", st) for n, st in sorted(arms["fixed"].items()))]))
         best = max([arms["sized"], arms["plain"], *arms["fixed"].values()], key=rate)
         print(f"{path}: {len(prompts)} steps; best arm in hindsight {rate(best):.1f} tok/s (replayed)")
-        print("exploration  window  min_plays  horizon  request  slack  bound/best (mean over seeds)  min")
+        print("exploration  window  min_plays  horizon  request  bound/best (mean over seeds)  min")
         rows = []
-        for exploration, window, min_plays, horizon, request, slack in grid:
+        for exploration, window, min_plays, horizon, request in grid:
             ratios = []
             for seed in range(args.seeds):
                 settings = BoundSettings(exploration=exploration, window=window, min_plays=min_plays,
                                          horizon=horizon, fixed=fixed, noise=args.noise, seed=seed,
-                                         request_prior_steps=request, slack=slack,
+                                         request_prior_steps=request,
                                          priors=arms["prior"] if args.prior else ())
                 chosen, _ = replay_bound(prompts, arms["sized"], arms["fixed"], arms["plain"], settings)
                 ratios.append(rate(chosen) / rate(best))
             rows.append({"exploration": exploration, "window": window, "min_plays": min_plays, "horizon": horizon,
-                         "request_prior_steps": request, "slack": slack,
+                         "request_prior_steps": request,
                          "mean": round(statistics.mean(ratios), 4), "min": round(min(ratios), 4)})
-            print(f"{exploration:11.2f}  {window:6d}  {min_plays:9d}  {horizon!s:>7}  {request!s:>7}  {slack!s:>5}"
+            print(f"{exploration:11.2f}  {window:6d}  {min_plays:9d}  {horizon!s:>7}  {request!s:>7}"
                   f"  {rows[-1]['mean']:28.3f}"
                   f"  {rows[-1]['min']:.3f}")
         results[path] = rows
