@@ -43,10 +43,10 @@ def rows(results: Path) -> list[str]:
     return out
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--results", type=Path, default=Path("analysis/results/drafters"))
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     print("\n".join(rows(args.results)))
     return 0
 
