@@ -20,12 +20,12 @@ from moe_spec.testing.input_fuzz import DropInFuzz, EngineFuzz, engine_decoders,
 from moe_spec.testing.tiny_models import tiny_model
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--engine-cases", type=int, default=1200)
     parser.add_argument("--drop-in-cases", type=int, default=400)
     parser.add_argument("--seed", type=int, default=0)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     torch.set_num_threads(1)
     model = tiny_model("qwen3_moe")
     start = time.perf_counter()

@@ -30,7 +30,7 @@ from moe_spec.profile.artifact import Profile
 
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--profile", required=True)
     parser.add_argument("--out", default=None, help="where to write (default: over --profile)")
@@ -43,7 +43,7 @@ def main() -> int:
                         help="a batch size: each request decodes this many prompts at once (entries of other sizes are kept)")
     parser.add_argument("--max-prompts", type=int, default=12)
     parser.add_argument("--max-new-tokens", type=int, default=48)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     model = load_target(args.model, experts_implementation=args.experts_implementation)
     target = TargetModel(model)
     tokenizer = load_tokenizer(args.model)

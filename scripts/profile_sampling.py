@@ -38,7 +38,7 @@ def setting(text: str) -> SamplingConfig:
     return SamplingConfig(temperature, top_k, top_p)
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--profile", required=True)
     parser.add_argument("--out", default=None, help="where to write (default: over --profile)")
@@ -51,7 +51,9 @@ def main() -> int:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--sampled-chain", type=int, default=5,
                         help="nodes of the chains the sampled calibration is fitted on (0: the reference budget's trees)")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
+    if args.sampled_chain < 0:
+        parser.error(f"--sampled-chain must be >= 0, got {args.sampled_chain}")
     torch.set_num_threads(args.threads)
     model = load_target(args.model)
     target = TargetModel(model)
@@ -60,8 +62,6 @@ def main() -> int:
     drafter = load_drafter(args.drafter, target)
     prompts = [p.input_ids(tokenizer)[0] for p in in_class_turns(load_prompts(args.prompts))][: args.max_prompts]
     start = time.perf_counter()
-    if args.sampled_chain < 0:
-        parser.error(f"--sampled-chain must be >= 0, got {args.sampled_chain}")
     chain = args.sampled_chain or None
     total = len(prompts) * decodes_per_setting(chain) * len(args.settings)
     with tqdm(total=total, desc="sampling acceptance", file=sys.stderr) as bar:
