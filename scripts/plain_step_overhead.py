@@ -22,7 +22,7 @@ import torch
 from tqdm import tqdm
 
 from moe_spec.core.engine import SpecDecoder
-from moe_spec.core.step_record import StepRecord
+from moe_spec.core.step_record import DecodeObserver, StepRecord
 from moe_spec.core.target import TargetModel
 from moe_spec.experiments.prompt_file import in_class_turns, load_prompts
 from moe_spec.experiments.runner import prompt_generator
@@ -37,14 +37,11 @@ PARTS = ("verify_ms", "accept_ms", "plan_ms", "draft_ms", "gap_ms")
 WAYS = ("ar", "bound, plain")
 
 
-class _Steps:
-    """A `DecodeObserver` keeping the step records of one request."""
+class _Steps(DecodeObserver):
+    """The step records of one request."""
 
     def __init__(self):
         self.records: list[StepRecord] = []
-
-    def on_prefill(self, record) -> None:
-        pass
 
     def on_step(self, record: StepRecord) -> None:
         self.records.append(record)
